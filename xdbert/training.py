@@ -1,0 +1,91 @@
+"""Pieces every training loop here shares: optimizer, schedule, precision, NaN guard, checkpoints.
+
+Randomness is a pure function of (seed, step): the data order of an epoch, the masking of a step and
+dropout are all re-seeded from them. A run that is killed and resumed from a checkpoint therefore
+takes exactly the steps an uninterrupted run takes, and ends with the same weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import get_linear_schedule_with_warmup
+
+from xdbert import io
+from xdbert.errors import PipelineError
+
+
+def step_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed derived from the run seed and the position in training (epoch, step, ...)."""
+    h = hashlib.sha256(json.dumps([seed, *parts]).encode()).digest()
+    return int.from_bytes(h[:8], "little") >> 1
+
+
+def generator(seed: int, *parts: int) -> torch.Generator:
+    return torch.Generator().manual_seed(step_seed(seed, *parts))
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng(step_seed(seed, epoch)).permutation(n)
+
+
+def optimizer_and_schedule(
+    model: torch.nn.Module, lr: float, weight_decay: float, warmup_ratio: float, total_steps: int,
+    param_groups: list[dict] | None = None,
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW without decay on biases and LayerNorms, linear warmup then linear decay to 0."""
+    if param_groups is None:
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim < 2 else decay).append(p)
+        param_groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(param_groups, lr=lr)
+    warmup = math.ceil(warmup_ratio * total_steps)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
+
+
+def mixed_precision(setting: str) -> str:
+    """`auto` is bf16 on a GPU and full precision on the CPU (bf16 matmuls are slow on most CPUs)."""
+    if setting not in ("auto", "bf16", "no"):
+        raise PipelineError(f"unknown precision {setting!r}; allowed: auto, bf16, no")
+    if setting == "auto":
+        return "bf16" if torch.cuda.is_available() else "no"
+    return setting
+
+
+def check_finite(loss: torch.Tensor, step: int, where: str) -> None:
+    if not torch.isfinite(loss).all():
+        raise PipelineError(
+            f"{where}: the loss became {loss.item()} at step {step}; stopping before it spoils the weights. "
+            "Lower the learning rate or check the input data; the last checkpoint is kept"
+        )
+
+
+def save_checkpoint(path: Path, state: dict, fingerprint: str) -> None:
+    """Save training state atomically; `fingerprint` ties it to the settings that produced it."""
+    with io.atomic_path(path) as tmp:
+        torch.save({"fingerprint": fingerprint, **state}, tmp)
+
+
+def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
+    """The saved state if it exists and was made with the same settings, else None (start afresh)."""
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a checkpoint from a crashed disk or another torch: start over, say so
+        print(f"warning: ignoring unreadable checkpoint {path} ({type(e).__name__})")
+        return None
+    if state.get("fingerprint") != fingerprint:
+        print(f"note: {path} was made with other settings; starting afresh")
+        return None
+    return state
+
+
+def fingerprint(*objs: object) -> str:
+    return hashlib.sha256(json.dumps(objs, sort_keys=True, default=str).encode()).hexdigest()[:16]
