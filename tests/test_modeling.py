@@ -1,0 +1,392 @@
+"""The cross-modal model: Table 6 parameter counts, shapes, masks, attention, losses, saving."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, BertForMaskedLM
+
+from xdbert import modeling
+from xdbert.clip import clip_block_mask
+from xdbert.errors import PipelineError
+from xdbert.modeling import (
+    CLIPTextTower, CrossModalLayer, MaskedTokenHead, XDBertConfig, XDBertModel, build_language_encoder,
+    count_parameters, load_full, save_adapted, save_full,
+)
+
+SOT, EOT = 49406, 49407
+CLS, SEP, MASK = 2, 3, 4
+TINY_BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                 max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def tiny_config(**changes) -> XDBertConfig:
+    base = XDBertConfig(encoder="random:bert", encoder_config=dict(TINY_BERT), vocab_size=100, clip="xdbert-tiny",
+                        clip_heads=4, clip_blocks=3)
+    return dataclasses.replace(base, **changes)
+
+
+def tiny_model(seed: int = 0, **changes) -> XDBertModel:
+    torch.manual_seed(seed)
+    return XDBertModel.build(tiny_config(**changes))
+
+
+def fake_batch(batch: int = 4, length: int = 16, n_blocks: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Windows of different lengths; window 0 uses 2 blocks, the others 1; block 2 is never used; the
+    CLIP content contains id 0 ("!") so a `== 0` mask would be wrong."""
+    g = torch.Generator().manual_seed(seed)
+    bert_ids = torch.randint(5, 100, (batch, length), generator=g)
+    bert_mask = torch.ones(batch, length, dtype=torch.long)
+    clip_ids = torch.zeros(batch, n_blocks, 77, dtype=torch.long)
+    for i in range(batch):
+        n = length - 2 * i
+        bert_ids[i, 0], bert_ids[i, n - 1] = CLS, SEP
+        bert_ids[i, n:], bert_mask[i, n:] = 0, 0
+        m = 10 + 3 * i
+        clip_ids[i, 0, 0], clip_ids[i, 0, m + 1] = SOT, EOT
+        clip_ids[i, 0, 1:m + 1] = torch.randint(0, 1000, (m,), generator=g)
+        clip_ids[i, 0, 2] = 0
+    clip_ids[0, 1, 0], clip_ids[0, 1, 1:6], clip_ids[0, 1, 6] = SOT, torch.tensor([0, 5, 6, 0, 7]), EOT
+    return {"bert_ids": bert_ids, "bert_mask": bert_mask, "clip_ids": clip_ids}
+
+
+def fixed_labels(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Deterministic targets: MLM at positions 1..3 (inputs masked), MATCH 1,0,1,0, CLIPTC at content 1..4."""
+    bert_ids = b["bert_ids"].clone()
+    mlm = torch.full_like(bert_ids, -100)
+    mlm[:, 1:4] = bert_ids[:, 1:4]
+    bert_ids[:, 1:4] = MASK
+    cliptc = torch.full_like(b["clip_ids"], -100)
+    cliptc[:, 0, 1:5] = b["clip_ids"][:, 0, 1:5]
+    match = torch.tensor([1, 0, 1, 0][: len(bert_ids)])
+    return {"bert_ids": bert_ids, "bert_mask": b["bert_mask"], "clip_ids": b["clip_ids"], "mlm_labels": mlm,
+            "match_labels": match, "cliptc_labels": cliptc}
+
+
+# ---------------------------------------------------------------- Table 6 (built on the meta device)
+
+ELECTRA_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096, embedding_size=1024)
+
+
+@pytest.mark.parametrize("encoder, overrides, encoder_count, full_count", [
+    ("random:bert", {}, 109_482_240, 202_059_009),
+    ("random:electra", ELECTRA_LARGE, 334_092_288, 442_671_617),
+])
+def test_table6_parameter_counts(encoder, overrides, encoder_count, full_count):
+    with torch.device("meta"):
+        model = XDBertModel.build(XDBertConfig(encoder=encoder, encoder_config=overrides, clip="ViT-B-32", clip_heads=8,
+                                               cross_layers=2))
+    assert count_parameters(model, "encoder") == encoder_count
+    assert count_parameters(model, "clip") == 63_428_097
+    assert count_parameters(model, "backbone") == full_count
+    assert count_parameters(model, "all") == full_count + count_parameters(model, "heads")
+    assert count_parameters(model, "heads") > 0
+    # What is saved for finetuning is the language encoder alone, with the original count.
+    assert sum(p.numel() for p in model.encoder.parameters()) == encoder_count
+
+
+def test_one_cross_layer_at_bert_base_width():
+    with torch.device("meta"):
+        layer = CrossModalLayer(768, 512, language_heads=12, clip_heads=8, intermediate=3072)
+    assert sum(p.numel() for p in layer.parameters()) == 14_574_336
+
+
+def test_count_parameters_rejects_unknown_part():
+    with pytest.raises(PipelineError, match="allowed: encoder"):
+        count_parameters(tiny_model(), "pooler")
+
+
+# ---------------------------------------------------------------- CLIP input and tower
+
+def test_clip_mask_comes_from_the_end_token_not_from_id_zero():
+    b = fake_batch()
+    mask = clip_block_mask(b["clip_ids"], EOT)
+    assert mask.shape == b["clip_ids"].shape and mask.dtype == torch.bool
+    assert mask[0, 0, :12].all() and not mask[0, 0, 12:].any()  # [SOT] + 10 tokens + [EOT], a 0 inside
+    assert mask[0, 1].sum() == 7 and mask[0, 1, 1] and b["clip_ids"][0, 1, 1] == 0
+    assert not mask[:, 2].any()  # the unused block
+    assert not mask[1:, 1].any()
+
+
+def test_tower_gives_open_clip_token_features_and_zeros_elsewhere():
+    model = tiny_model().eval()
+    tower = model.clip
+    b = fake_batch()
+    mask = clip_block_mask(b["clip_ids"], EOT)
+    with torch.no_grad():
+        out = tower(b["clip_ids"], mask)
+        # Reference: open_clip's own text path (before pooling) on each full 77-token block.
+        ids = b["clip_ids"].reshape(-1, 77)
+        ref = tower.ln_final(tower.transformer(tower.token_embedding(ids) + tower.positional_embedding, attn_mask=tower.attn_mask))
+    assert out.shape == (4, 3 * 77, 64)
+    assert torch.isfinite(out).all()
+    flat_mask = mask.reshape(-1, 77)
+    got = out.reshape(-1, 77, 64)
+    torch.testing.assert_close(got[flat_mask], ref[flat_mask], atol=1e-5, rtol=1e-5)
+    assert (got[~flat_mask] == 0).all()
+    # text_projection and logit_scale are kept (Table 6) but no loss reaches them.
+    assert not tower.text_projection.requires_grad and not tower.logit_scale.requires_grad
+
+
+def test_all_blocks_unused_gives_zeros_not_nans():
+    model = tiny_model().eval()
+    b = fake_batch()
+    b["clip_ids"][:] = 0
+    with torch.no_grad():
+        language, clip = model.encode(**b)
+    assert torch.isfinite(language).all() and torch.isfinite(clip).all()
+
+
+def test_clip_quick_gelu_follows_the_pretrained_tag():
+    assert modeling.clip_uses_quick_gelu("ViT-B-32", "openai") is True
+    assert modeling.clip_uses_quick_gelu("ViT-B-32", "") is False
+
+
+def test_unknown_clip_tag_and_offline_download_give_clear_errors(monkeypatch):
+    with pytest.raises(PipelineError, match="clip_pretrained: nosuchtag.*openai"):
+        CLIPTextTower.build("ViT-B-32", "nosuchtag")
+
+    def offline(*args, **kwargs):
+        raise RuntimeError("Failed to download weights") from ConnectionError("couldn't connect to huggingface.co")
+
+    monkeypatch.setattr(modeling.open_clip, "create_model", offline)
+    with pytest.raises(PipelineError, match="HF_HUB_OFFLINE"):
+        CLIPTextTower.build("ViT-B-32", "openai")
+
+
+# ---------------------------------------------------------------- language encoder
+
+def test_language_encoder_errors():
+    with pytest.raises(PipelineError, match="unknown encoder model type `nosuch`"):
+        build_language_encoder("random:nosuch")
+    with pytest.raises(PipelineError, match="cannot load language encoder"):
+        build_language_encoder("/nonexistent/encoder/folder")
+    # Tests run with HF_HUB_OFFLINE=1 (conftest): a hub id is an offline failure with what to do.
+    with pytest.raises(PipelineError, match="HF_HUB_OFFLINE=1"):
+        build_language_encoder("xdbert-tests/not-downloaded")
+
+
+def test_any_transformers_encoder_family_works():
+    small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    b = fixed_labels(fake_batch())
+    for model_type, extra in [("electra", {"embedding_size": 16}), ("roberta", {"pad_token_id": 1})]:
+        torch.manual_seed(0)
+        model = XDBertModel.build(tiny_config(encoder=f"random:{model_type}", encoder_config={**small, **extra}))
+        out = model(**b)
+        assert torch.isfinite(out["loss"]) and out["mlm_count"] == 12
+
+
+def test_pretrained_mlm_head_and_encoder_load_from_a_local_checkpoint(tmp_path):
+    # A folder in the hub's format: the same loader reads bert-base-uncased from the hub.
+    torch.manual_seed(1)
+    cfg = AutoConfig.for_model("bert", vocab_size=100, **TINY_BERT)
+    reference = BertForMaskedLM(cfg)
+    reference.save_pretrained(tmp_path / "bert")
+    model = XDBertModel.build(tiny_config(encoder=str(tmp_path / "bert"), encoder_config={}, vocab_size=None))
+    assert model.mlm_head_source.startswith("pretrained:")
+    ref_head = reference.cls.predictions
+    torch.testing.assert_close(model.mlm_head.dense.weight, ref_head.transform.dense.weight)
+    torch.testing.assert_close(model.mlm_head.layer_norm.bias, ref_head.transform.LayerNorm.bias)
+    torch.testing.assert_close(model.mlm_head.bias, ref_head.bias)
+    torch.testing.assert_close(model.encoder.embeddings.word_embeddings.weight, reference.bert.embeddings.word_embeddings.weight)
+    assert model.mlm_head.decoder.weight is model.encoder.get_input_embeddings().weight
+
+
+# ---------------------------------------------------------------- forward
+
+def test_forward_shapes_losses_and_counts():
+    model = tiny_model()
+    b = fixed_labels(fake_batch())
+    out = model(**b)
+    for name in ("mlm", "match", "cliptc"):
+        assert torch.isfinite(out[f"{name}_loss"]) and out[f"{name}_loss"] > 0
+        assert 0 <= out[f"{name}_correct"] <= out[f"{name}_count"]
+    assert out["mlm_count"] == 12 and out["match_count"] == 4 and out["cliptc_count"] == 16
+    torch.testing.assert_close(out["loss"], out["mlm_loss"] + out["match_loss"] + out["cliptc_loss"])
+    language, clip = model.encode(b["bert_ids"], b["bert_mask"], b["clip_ids"])
+    assert language.shape == (4, 16, 32) and clip.shape == (4, 3 * 77, 64)
+    assert torch.isfinite(language).all() and torch.isfinite(clip).all()
+    out["loss"].backward()
+    assert model.cross_layers[0].clip_cross.attention.key.weight.grad is not None
+
+
+def test_vocabulary_logits_only_at_target_positions():
+    model = tiny_model()
+    b = fixed_labels(fake_batch())
+    rows = {}
+    model.mlm_head.decoder.register_forward_hook(lambda m, i, o: rows.__setitem__("mlm", (i[0].shape[0], o.shape)))
+    model.cliptc_head.decoder.register_forward_hook(lambda m, i, o: rows.__setitem__("cliptc", (i[0].shape[0], o.shape)))
+    model(**b)
+    assert rows["mlm"] == (12, (12, 100))
+    assert rows["cliptc"] == (16, (16, 49408))
+
+
+def test_losses_follow_config_and_labels():
+    model = tiny_model(losses=["mlm", "match"])
+    assert model.cliptc_head is None
+    out = model(**fixed_labels(fake_batch()))
+    assert "cliptc_loss" not in out
+    torch.testing.assert_close(out["loss"], out["mlm_loss"] + out["match_loss"])
+    b = fake_batch()
+    assert "loss" not in model(**b)  # no labels: no loss
+
+
+def test_cross_attention_probabilities():
+    model = tiny_model().eval()
+    b = fake_batch()
+    with torch.no_grad():
+        out = model(**b, output_attentions=True)
+        language_sdpa, clip_sdpa = model.encode(**b)
+    clip_mask = clip_block_mask(b["clip_ids"], EOT).reshape(4, -1)
+    bert_mask = b["bert_mask"].bool()
+    assert len(out["cross_attentions"]) == 2
+    for layer in out["cross_attentions"]:
+        lang, clip = layer["language"], layer["clip"]
+        assert lang.shape == (4, 2, 16, 231) and clip.shape == (4, 4, 231, 16)
+        torch.testing.assert_close(lang.sum(-1), torch.ones(lang.shape[:-1]))
+        torch.testing.assert_close(clip.sum(-1), torch.ones(clip.shape[:-1]))
+        assert (lang.masked_select(~clip_mask[:, None, None, :].expand_as(lang)) == 0).all()
+        assert (clip.masked_select(~bert_mask[:, None, None, :].expand_as(clip)) == 0).all()
+    # The explicit path and the SDPA path compute the same thing.
+    with torch.no_grad():
+        language_explicit, clip_explicit, _, _ = model._encode(b["bert_ids"], b["bert_mask"], b["clip_ids"], True)
+    torch.testing.assert_close(language_explicit, language_sdpa, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(clip_explicit, clip_sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_does_not_change_results():
+    """Padding in either stream is invisible: a window alone gives what it gives inside a padded batch."""
+    model = tiny_model().eval()
+    b = fake_batch()
+    with torch.no_grad():
+        language, clip = model.encode(**b)
+        n = int(b["bert_mask"][3].sum())
+        alone_language, alone_clip = model.encode(b["bert_ids"][3:, :n], b["bert_mask"][3:, :n], b["clip_ids"][3:, :1])
+    torch.testing.assert_close(alone_language[0], language[3, :n], atol=1e-5, rtol=1e-5)
+    valid = clip_block_mask(b["clip_ids"][3, :1], EOT).reshape(-1)
+    torch.testing.assert_close(alone_clip[0][valid], clip[3, :77][valid], atol=1e-5, rtol=1e-5)
+
+
+def test_placeholder_replaces_clip():
+    model = tiny_model(losses=["mlm"], placeholder=True).eval()
+    assert model.clip is None
+    assert count_parameters(model, "clip") == 3 * 77 * 64 == model.placeholder.numel()
+    b = fixed_labels(fake_batch())
+    other = b["clip_ids"].clone()
+    mask = clip_block_mask(other, EOT)
+    other[mask & (other != SOT) & (other != EOT)] = 123  # different text, same mask
+    with torch.no_grad():
+        out = model(**b)
+        same = model(**{**b, "clip_ids": other})
+    assert torch.isfinite(out["loss"])
+    torch.testing.assert_close(out["mlm_loss"], same["mlm_loss"])
+    out = model.train()(**b)
+    out["loss"].backward()
+    assert model.placeholder.grad is not None and model.placeholder.grad.abs().sum() > 0
+    for losses in (["mlm", "cliptc"], ["mlm", "match"]):
+        with pytest.raises(PipelineError, match="placeholder"):
+            tiny_model(losses=losses, placeholder=True)
+
+
+@pytest.mark.parametrize("losses", [[], ["mlm", "vc"], ["mlm", "mlm"], "mlm"])
+def test_bad_losses_are_rejected(losses):
+    with pytest.raises(PipelineError, match="mlm, match, cliptc"):
+        tiny_config(losses=losses).validate()
+
+
+def test_mlm_only_baseline_uses_no_clip():
+    model = tiny_model(cross_layers=0, losses=["mlm"])
+    assert model.clip is None and len(model.cross_layers) == 0
+    assert isinstance(model.mlm_head, MaskedTokenHead)
+    assert count_parameters(model, "backbone") == count_parameters(model, "encoder")
+    b = fixed_labels(fake_batch())
+    out = model(b["bert_ids"], b["bert_mask"], mlm_labels=b["mlm_labels"])
+    assert set(k for k in out if k.endswith("_loss")) == {"mlm_loss"} and torch.isfinite(out["loss"])
+    with pytest.raises(PipelineError, match="cross_layers: 0"):
+        tiny_config(cross_layers=0, losses=["mlm", "match"]).validate()
+
+
+def test_each_loss_can_be_overfit():
+    model = tiny_model(seed=3).train()
+    b = fixed_labels(fake_batch())
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
+    first = None
+    for _ in range(40):
+        out = model(**b)
+        if first is None:
+            first = {k: out[f"{k}_loss"].item() for k in ("mlm", "match", "cliptc")}
+        optimizer.zero_grad()
+        out["loss"].backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        last = model(**b)
+    for k in ("mlm", "match", "cliptc"):
+        assert last[f"{k}_loss"].item() < 0.5 * first[k], (k, first[k], last[f"{k}_loss"].item())
+    assert last["match_correct"] == 4
+
+
+# ---------------------------------------------------------------- saving
+
+def test_save_adapted_is_a_plain_encoder(tmp_path):
+    model = tiny_model().eval()
+    tok = tmp_path / "tokenizer"
+    tok.mkdir()
+    (tok / "vocab.txt").write_text("[PAD]\n[UNK]\n", encoding="utf-8")
+    (tok / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}), encoding="utf-8")
+    save_adapted(model, tmp_path / "xdbert", tok)
+    assert (tmp_path / "xdbert" / "vocab.txt").read_text(encoding="utf-8") == "[PAD]\n[UNK]\n"
+    loaded = AutoModel.from_pretrained(tmp_path / "xdbert").eval()
+    assert type(loaded) is type(model.encoder)
+    assert sum(p.numel() for p in loaded.parameters()) == count_parameters(model, "encoder")
+    b = fake_batch()
+    with torch.no_grad():
+        expected = model.encoder(input_ids=b["bert_ids"], attention_mask=b["bert_mask"])
+        got = loaded(input_ids=b["bert_ids"], attention_mask=b["bert_mask"])
+    assert torch.equal(expected.last_hidden_state, got.last_hidden_state)
+    assert torch.equal(expected.pooler_output, got.pooler_output)
+    with pytest.raises(PipelineError, match="tokenize"):
+        save_adapted(model, tmp_path / "other", tmp_path / "missing")
+
+
+@pytest.mark.parametrize("changes", [{}, {"losses": ["mlm"], "placeholder": True}, {"cross_layers": 0, "losses": ["mlm"]}])
+def test_save_full_round_trip_is_exact(tmp_path, changes):
+    model = tiny_model(seed=5, **changes)
+    with torch.no_grad():  # move every parameter off its initial value so a missed one shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    model.eval()
+    save_full(model, tmp_path / "full")
+    loaded = load_full(tmp_path / "full").eval()
+    assert loaded.config == model.config
+    assert count_parameters(loaded, "all") == count_parameters(model, "all")
+    for (name, p), (name2, q) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert name == name2 and torch.equal(p, q), name
+    assert loaded.mlm_head.decoder.weight is loaded.encoder.get_input_embeddings().weight
+    b = fixed_labels(fake_batch())
+    if model.config.cross_layers == 0:
+        b = {k: b[k] for k in ("bert_ids", "bert_mask", "mlm_labels")}
+    with torch.no_grad():
+        expected, got = model(**b), loaded(**b)
+    assert torch.equal(expected["loss"], got["loss"])
+
+
+def test_unknown_clip_name_and_strip_heads():
+    with pytest.raises(PipelineError, match="unknown CLIP model"):
+        XDBertModel.build(tiny_config(clip="nosuch-clip"))
+    model = tiny_model().strip_heads()
+    assert count_parameters(model, "all") == count_parameters(model, "backbone")
+    b = fixed_labels(fake_batch())
+    assert "loss" not in model(**b)
+
+
+def test_bf16_autocast_forward_and_backward():
+    model = tiny_model()
+    b = fixed_labels(fake_batch())
+    for output_attentions in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(**b, output_attentions=output_attentions)
+        assert torch.isfinite(out["loss"]) and out["loss"].dtype == torch.float32
+        out["loss"].backward()
