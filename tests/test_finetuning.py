@@ -1,0 +1,425 @@
+"""Finetuning: the three task kinds learn, seeds reproduce, batches and lr groups are right, the stage fails cleanly."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from xdbert import finetune_data as fd
+from xdbert import finetuning as ft
+from xdbert.errors import PipelineError
+from xdbert.tasks.registry import get_task, to_table, write_tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+FILLER = "the a of to in on at with from river stone cloud table green small quiet early north paper".split()
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tiny data where one keyword decides the label, and a tiny random BERT
+# ---------------------------------------------------------------------------------------------------
+
+def _words(rng: random.Random, n: int) -> list[str]:
+    return [rng.choice(FILLER) for _ in range(n)]
+
+
+def _sentence(rng: random.Random, keyword: str | None, lo: int = 2, hi: int = 9) -> str:
+    words = _words(rng, rng.randint(lo, hi))
+    if keyword:
+        words.insert(rng.randint(0, len(words)), keyword)
+    return " ".join(words)
+
+
+def keyword_rows(task: str, n: int, seed: int) -> dict[str, list]:
+    """sst2: `good`/`bad` decides; stsb: the number of `up` in the second sentence is the score;
+    swag: the ending with `yes` is right; mnli: `yes`/`maybe`/`no` in the hypothesis."""
+    rng = random.Random(f"{task}:{seed}")
+    rows = {"idx": list(range(n)), "text_a": [], "text_b": [], "choices": [], "label": []}
+    for i in range(n):
+        if task == "sst2":
+            y = i % 2
+            rows["text_a"].append(_sentence(rng, "good" if y else "bad"))
+            rows["text_b"].append(None), rows["choices"].append(None), rows["label"].append(y)
+        elif task == "stsb":
+            y = i % 4
+            b = _words(rng, rng.randint(2, 6)) + ["up"] * y
+            rng.shuffle(b)
+            rows["text_a"].append(_sentence(rng, None)), rows["text_b"].append(" ".join(b))
+            rows["choices"].append(None), rows["label"].append(float(y))
+        elif task == "mnli":
+            y = i % 3
+            rows["text_a"].append(_sentence(rng, None)), rows["text_b"].append(_sentence(rng, ("yes", "maybe", "no")[y]))
+            rows["choices"].append(None), rows["label"].append(y)
+        elif task == "swag":
+            y = i % 4
+            rows["text_a"].append(_sentence(rng, None)), rows["text_b"].append("then")
+            rows["choices"].append([_sentence(rng, "yes" if j == y else None, 1, 4) for j in range(4)])
+            rows["label"].append(y)
+    return rows
+
+
+def keyword_tables(task: str, n_train: int = 160, n_dev: int = 64) -> dict:
+    spec = get_task(task)
+    return {split: to_table(spec, keyword_rows(task, n_train if split == "train" else n_dev, k))
+            for k, split in enumerate(spec.splits)}
+
+
+def save_tiny_bert(directory: Path, layers: int = 2, hidden: int = 32) -> Path:
+    """A random BERT and a word-level WordPiece vocabulary over the test words, as save_pretrained writes them."""
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    words = SPECIALS + sorted(set(FILLER) | {"good", "bad", "up", "yes", "no", "maybe", "then"})
+    # built like xdbert.tokenization.train_wordpiece builds the pipeline's tokenizer
+    tok = BertTokenizer(vocab={w: i for i, w in enumerate(words)}, do_lower_case=True, model_max_length=64)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(words), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=2 * hidden, max_position_embeddings=64)
+    BertModel(config).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models train fastest on one thread; two threads on a busy 2-core machine spin and crawl."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory) -> Path:
+    return save_tiny_bert(tmp_path_factory.mktemp("bert") / "tiny")
+
+
+def settings(**kw) -> ft.FinetuneSettings:
+    base = dict(lr=3e-3, epochs=6, batch_size=16, max_len=32, warmup_ratio=0.1, length_group=4)
+    return ft.FinetuneSettings(**{**base, **kw})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Learning, per task kind
+# ---------------------------------------------------------------------------------------------------
+
+def test_classification_learns_and_seeds_reproduce(bert_dir):
+    spec = get_task("sst2")
+    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2"), settings())
+    first, other = ft.run_seeds(job, [0, 1], workers=1)
+    again = ft.train_seed(job, 0)
+    assert first["metrics"]["dev"]["accuracy"] >= 0.9, first["metrics"]
+    assert first["last_epoch_loss"] < 0.5 * first["first_epoch_loss"]
+    np.testing.assert_array_equal(first["predictions"]["dev"], again["predictions"]["dev"])
+    assert first["first_epoch_loss"] == again["first_epoch_loss"] and first["last_epoch_loss"] == again["last_epoch_loss"]
+    assert other["first_epoch_loss"] != first["first_epoch_loss"]  # another head init and batch order
+
+
+def test_regression_learns_and_seeds_differ(bert_dir):
+    spec = get_task("stsb")
+    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("stsb"), settings(epochs=8, lr=5e-3))
+    assert job.data["train"].labels.dtype == np.float32 and job.data["train"].choices == 1
+    a, b = ft.run_seeds(job, [0, 1], workers=1)
+    assert a["metrics"]["dev"]["spearman"] > 0.7, a["metrics"]  # 0.89-0.97 over seeds 0-9 here
+    assert a["last_epoch_loss"] < 0.5 * a["first_epoch_loss"]
+    assert a["predictions"]["dev"].dtype == np.float64
+    assert not np.array_equal(a["predictions"]["dev"], b["predictions"]["dev"])
+
+
+def test_multiple_choice_learns(bert_dir):
+    spec = get_task("swag")
+    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("swag"), settings(epochs=8))
+    assert job.data["train"].choices == 4
+    (r,) = ft.run_seeds(job, [0], workers=1)
+    assert r["metrics"]["dev"]["accuracy"] >= 0.6, r["metrics"]  # chance is 0.25
+    assert r["last_epoch_loss"] < 0.7 * r["first_epoch_loss"]
+    assert set(np.unique(r["predictions"]["dev"])) <= {0, 1, 2, 3}
+
+
+def test_worker_pool_gives_the_same_results_as_one_process(bert_dir):
+    spec = get_task("sst2")
+    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2", 64, 32), settings(epochs=1))
+    alone = ft.run_seeds(job, [5, 6], workers=1)  # one thread (fixture), like each of the pool's workers
+    pooled = ft.run_seeds(job, [5, 6], workers=2)
+    assert [r["seed"] for r in pooled] == [5, 6]
+    for a, b in zip(alone, pooled):
+        np.testing.assert_array_equal(a["predictions"]["dev"], b["predictions"]["dev"])
+        assert a["first_epoch_loss"] == pytest.approx(b["first_epoch_loss"], rel=1e-6)
+
+
+def test_nan_loss_stops_with_pipeline_error(bert_dir, monkeypatch):
+    spec = get_task("sst2")
+    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2", 32, 16), settings(epochs=1))
+    real = ft.build_model
+
+    class Broken(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, batch):
+            return self.inner(batch) * float("nan")
+
+    monkeypatch.setattr(ft, "build_model", lambda job: Broken(real(job)))
+    with pytest.raises(PipelineError, match="loss became nan at step 0"):
+        ft.train_seed(job, 0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Batching and padding
+# ---------------------------------------------------------------------------------------------------
+
+def test_length_grouped_batches_cover_every_example_once():
+    lengths = np.random.default_rng(0).integers(3, 60, size=203)
+    batches = fd.length_grouped_batches(lengths, batch_size=8, seed=1, epoch=0, group=5)
+    flat = np.concatenate(batches)
+    np.testing.assert_array_equal(np.sort(flat), np.arange(203))
+    assert all(len(b) <= 8 for b in batches) and sum(len(b) < 8 for b in batches) <= -(-203 // 40)
+    # grouping: within a batch the lengths are close (sorted mega-batches), unlike a random batch
+    spread = np.mean([np.ptp(lengths[b]) for b in batches if len(b) == 8])
+    random_spread = np.mean([np.ptp(lengths[b]) for b in np.array_split(np.random.default_rng(1).permutation(203), 25)])
+    assert spread < 0.5 * random_spread
+    again = fd.length_grouped_batches(lengths, batch_size=8, seed=1, epoch=0, group=5)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again))
+    other_epoch = np.concatenate(fd.length_grouped_batches(lengths, batch_size=8, seed=1, epoch=1, group=5))
+    assert not np.array_equal(flat, other_epoch)
+
+
+def test_dynamic_padding_pads_to_the_batch_max(bert_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(bert_dir)
+    spec = get_task("mnli")
+    table = keyword_tables("mnli", 8, 4)["train"]
+    data = fd.encode_bert(tok, spec, table, max_len=32)
+    rows = np.array([5, 1, 2])
+    batch = fd.collate(data, rows)
+    lengths = data.lengths[rows]
+    assert batch["input_ids"].shape == (3, lengths.max())
+    np.testing.assert_array_equal(batch["attention_mask"].sum(1), lengths)
+    for j, r in enumerate(rows):
+        ref = tok(table["text_a"][int(r)].as_py(), table["text_b"][int(r)].as_py())
+        n = len(ref["input_ids"])
+        assert batch["input_ids"][j, :n].tolist() == ref["input_ids"]
+        assert batch["token_type_ids"][j, :n].tolist() == ref["token_type_ids"]
+        assert (batch["input_ids"][j, n:] == tok.pad_token_id).all()
+    np.testing.assert_array_equal(batch["labels"], data.labels[rows])
+    # multiple choice: (B, 4, L), L the longest of all 4 x B sequences
+    swag = fd.encode_bert(tok, get_task("swag"), keyword_tables("swag", 6, 4)["train"], max_len=32)
+    mc = fd.collate(swag, np.array([0, 3]))
+    longest = swag.inputs["input_ids"].lengths.reshape(-1, 4)[[0, 3]].max()
+    assert mc["input_ids"].shape == (2, 4, longest) and mc["attention_mask"].shape == (2, 4, longest)
+    # truncation at max_len
+    assert fd.encode_bert(tok, spec, table, max_len=6).lengths.max() == 6
+
+
+# ---------------------------------------------------------------------------------------------------
+# Layer-wise learning-rate decay
+# ---------------------------------------------------------------------------------------------------
+
+def test_layer_lr_decay_assigns_the_expected_rates(tmp_path):
+    directory = save_tiny_bert(tmp_path / "bert3", layers=3)
+    model = ft.EncoderClassifier(directory, get_task("rte"))
+    groups = ft.parameter_groups(model, lr=1.0, weight_decay=0.01, layer_lr_decay=0.5)
+    lr_of = {n: g["lr"] for g in groups for n in g["names"]}
+    wd_of = {n: g["weight_decay"] for g in groups for n in g["names"]}
+    assert lr_of["model.bert.embeddings.word_embeddings.weight"] == 0.5 ** 4       # below layer 0
+    assert lr_of["model.bert.embeddings.LayerNorm.weight"] == 0.5 ** 4
+    assert lr_of["model.bert.encoder.layer.0.attention.self.query.weight"] == 0.5 ** 3
+    assert lr_of["model.bert.encoder.layer.2.output.dense.weight"] == 0.5           # the top layer
+    assert lr_of["model.bert.pooler.dense.weight"] == 1.0 and lr_of["model.classifier.weight"] == 1.0
+    assert wd_of["model.classifier.weight"] == 0.01 and wd_of["model.classifier.bias"] == 0.0
+    assert wd_of["model.bert.encoder.layer.1.output.LayerNorm.weight"] == 0.0
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    off = ft.parameter_groups(model, lr=2e-5, weight_decay=0.0, layer_lr_decay=1.0)
+    assert {g["lr"] for g in off} == {2e-5}
+    # CLIP's naming and two stacks (the full model): each stack counts from its own top
+    depths = ft.layer_depths([
+        "tower.token_embedding.weight", "tower.positional_embedding", "tower.transformer.resblocks.0.mlp.c_fc.weight",
+        "tower.transformer.resblocks.1.ln_1.weight", "tower.ln_final.weight", "out.weight",
+        "xd.encoder.embeddings.word_embeddings.weight", "xd.encoder.encoder.layer.0.output.dense.weight",
+        "xd.encoder.encoder.layer.3.output.dense.weight", "xd.cross_layers.0.language_ffn.dense_in.weight",
+    ])
+    assert depths == {
+        "tower.token_embedding.weight": 3, "tower.positional_embedding": 3, "tower.transformer.resblocks.0.mlp.c_fc.weight": 2,
+        "tower.transformer.resblocks.1.ln_1.weight": 1, "tower.ln_final.weight": 0, "out.weight": 0,
+        "xd.encoder.embeddings.word_embeddings.weight": 5, "xd.encoder.encoder.layer.0.output.dense.weight": 4,
+        "xd.encoder.encoder.layer.3.output.dense.weight": 1, "xd.cross_layers.0.language_ffn.dense_in.weight": 0,
+    }
+
+
+def test_paper_learning_rates_by_task_and_size():
+    table = {t: {"base": get_task(t).learning_rate("base"), "large": get_task(t).learning_rate("large")}
+             for t in ("rte", "stsb", "mnli", "swag")}
+    assert ft.learning_rate(table, get_task("rte"), ft.size_of(768)) == 1e-4
+    assert ft.learning_rate(table, get_task("stsb"), ft.size_of(1024)) == 5e-5
+    assert ft.learning_rate(table, get_task("mnli"), ft.size_of(768)) == 2e-5
+    assert ft.learning_rate(table, get_task("swag"), ft.size_of(1024)) == 1e-5
+    with pytest.raises(PipelineError, match="finetune.lr"):
+        ft.learning_rate({"mnli": {"base": 1e-3}}, get_task("rte"), "base")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Results files
+# ---------------------------------------------------------------------------------------------------
+
+def test_results_have_medians_and_one_row_per_seed_split_example(bert_dir, tmp_path):
+    spec = get_task("mnli")
+    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("mnli", 48, 20), settings(epochs=1))
+    runs = ft.run_seeds(job, [0, 1, 2], workers=1)
+    metrics = ft.write_results(tmp_path / "out", job, runs, {"run": "tiny"})
+    preds = pq.read_table(tmp_path / "out" / "predictions.parquet").to_pandas()
+    assert len(preds) == 3 * 2 * 20 and set(preds["split"]) == {"dev_matched", "dev_mismatched"}
+    assert list(preds.columns) == ["seed", "split", "idx", "prediction", "label", "correct"]
+    assert (preds["correct"] == (preds["prediction"] == preds["label"])).all()
+    accs = [r["metrics"]["dev_mismatched"]["accuracy"] for r in runs]
+    assert metrics["median"]["dev_mismatched"]["accuracy"] == float(np.median(accs))
+    assert metrics["headline"] == metrics["median"]["dev_matched"]["accuracy"]
+    assert set(metrics["seeds"]) == {"0", "1", "2"} and metrics["hyperparameters"]["epochs"] == 1
+    # a run with a wrong number of predictions is refused and nothing is written
+    runs[1]["predictions"]["dev_matched"] = runs[1]["predictions"]["dev_matched"][:-1]
+    with pytest.raises(PipelineError, match="19 predictions for 20 examples"):
+        ft.write_results(tmp_path / "bad", job, runs, {})
+    assert not (tmp_path / "bad").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The stage
+# ---------------------------------------------------------------------------------------------------
+
+FINETUNE_PARAMS = {
+    "lr": {t: {"base": 3e-3, "large": 3e-3} for t in ("rte", "mrpc", "sst2", "stsb")},
+    "epochs": 2, "warmup_ratio": 0.1, "batch_size": 16, "eval_batch_size": 64, "max_len": 32, "weight_decay": 0.01,
+    "layer_lr_decay": 1.0, "length_group": 4, "clip_blocks_per_sentence": 2, "dropout": 0.1,
+    "seeds": [0, 1], "rte_seeds": [0, 1, 2], "workers": 2, "precision": "auto",
+    "models": ["tiny"], "ablations": [], "ablation_tasks": [], "full_models": [], "clip_tasks": [],
+}
+
+
+@pytest.fixture()
+def workdir(tmp_path, bert_dir):
+    """A repository-shaped folder: params.yaml, data/tasks (sst2 only), models/adapted/tiny."""
+    (tmp_path / "models" / "adapted").mkdir(parents=True)
+    os.symlink(bert_dir, tmp_path / "models" / "adapted" / "tiny")
+    write_tasks({"sst2": keyword_tables("sst2", 48, 16), "stsb": keyword_tables("stsb", 32, 12)},
+                tmp_path / "data" / "tasks", "test")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"profile": "embedded", "finetune": FINETUNE_PARAMS}))
+    return tmp_path
+
+
+def run_stage(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "stages" / "finetune.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def run_stage_here(cwd: Path, args: tuple, monkeypatch, capsys) -> tuple[int, str]:
+    """The stage script in this process (its imports are already paid): (exit code, stderr)."""
+    import runpy
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["stages/finetune.py", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(ROOT / "stages" / "finetune.py"), run_name="__main__")
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def test_stage_writes_metrics_and_predictions(workdir):
+    for task, n_dev in (("sst2", 16), ("stsb", 12)):
+        proc = run_stage(workdir, task)  # every seed in one process, a pool of 2 workers
+        assert proc.returncode == 0, proc.stderr
+        out = workdir / "results" / "finetune" / task / "tiny"
+        metrics = yaml.safe_load((out / "metrics.json").read_text())
+        assert metrics["run"] == "tiny" and metrics["kind"] == "encoder" and metrics["n_seeds"] == 2
+        assert metrics["task"] == task and metrics["metric"] == get_task(task).metric
+        assert metrics["hyperparameters"]["lr"] == 3e-3 and metrics["hyperparameters"]["model_size"] == "base"
+        preds = pq.read_table(out / "predictions.parquet")
+        assert preds.num_rows == 2 * n_dev and sorted(set(preds.column("seed").to_pylist())) == [0, 1]
+        assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "predictions.parquet"]
+    assert "finetune stsb tiny: median spearman" in proc.stdout
+
+
+def test_runs_of_a_task_follow_the_tables():
+    f = {"models": ["baseline", "xdbert"], "ablations": ["mlm"], "ablation_tasks": ["rte"], "full_models": ["xdbert"],
+         "clip_tasks": ["rte"]}
+    spec = importlib.util.spec_from_file_location("finetune_stage", ROOT / "stages" / "finetune.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    assert stage.runs_for(f, "rte") == [("encoder", "baseline", "baseline"), ("encoder", "xdbert", "xdbert"),
+                                        ("encoder", "mlm", "mlm"), ("full", "xdbert", "full_xdbert"), ("clip", "clip", "clip_t")]
+    assert stage.runs_for(f, "sst2") == [("encoder", "baseline", "baseline"), ("encoder", "xdbert", "xdbert"),
+                                         ("full", "xdbert", "full_xdbert")]
+
+
+@pytest.mark.parametrize("args, change, message", [
+    (("boolq",), None, "unknown task 'boolq'; allowed: rte, mrpc"),
+    (("sst2",), {"models": ["missing"]}, "model folder models/adapted/missing is missing"),
+    (("sst2",), {"seeds": []}, "`finetune.seeds` must be a non-empty list"),
+    (("sst2",), {"layer_lr_decay": 0}, "`finetune.layer_lr_decay` must be in (0, 1]"),
+    (("mrpc",), None, "task mrpc lacks split file(s)"),
+    (("rte",), {"rte_seeds": []}, "`finetune.rte_seeds` must be a non-empty list"),
+    (("sst2",), {"lr": {"sst2": {"base": 1e-3}}}, "`finetune.lr.sst2.large` must be a positive number"),
+    (("sst2",), {"full_models": ["tiny"]}, "model folder models/crossmodal/tiny is missing"),
+    (("sst2", "extra"), None, "usage: python stages/finetune.py TASK"),
+])
+def test_stage_rejects_bad_input_before_any_work(workdir, args, change, message, monkeypatch, capsys):
+    if change:
+        p = yaml.safe_load((workdir / "params.yaml").read_text())
+        p["finetune"].update(change)
+        (workdir / "params.yaml").write_text(yaml.safe_dump(p))
+    code, err = run_stage_here(workdir, args, monkeypatch, capsys)
+    assert code == 2, err
+    assert message in err and err.startswith("error: ") and err.count("\n") == 1
+    assert not (workdir / "results").exists()
+
+
+def test_stage_fails_on_a_missing_split_file(workdir, monkeypatch, capsys):
+    (workdir / "data" / "tasks" / "sst2" / "dev.parquet").unlink()
+    code, err = run_stage_here(workdir, ("sst2",), monkeypatch, capsys)
+    assert code == 2 and "data/tasks/sst2/dev.parquet" in err and "it needs train, dev" in err
+    assert not (workdir / "results").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The full cross-modal model and CLIP's tower alone
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def crossmodal_dirs(tmp_path_factory, bert_dir):
+    from transformers import AutoTokenizer
+
+    from xdbert.modeling import CLIPTextTower, XDBertConfig, XDBertModel, save_full
+
+    root = tmp_path_factory.mktemp("xmodels")
+    torch.manual_seed(0)
+    vocab = len(AutoTokenizer.from_pretrained(bert_dir))  # the full model reads the test tokenizer's ids
+    config = XDBertConfig(encoder="random:bert", vocab_size=vocab, clip="xdbert-tiny", clip_heads=2, cross_layers=1,
+                          encoder_config={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                          "intermediate_size": 64, "max_position_embeddings": 64})
+    save_full(XDBertModel.build(config), root / "full")
+    ft.save_clip_tower(CLIPTextTower.build("xdbert-tiny"), root / "clip", clip="xdbert-tiny")
+    return root
+
+
+@pytest.mark.parametrize("kind, task", [("full", "sst2"), ("full", "swag"), ("clip", "stsb"), ("clip", "swag")])
+def test_full_and_clip_kinds_finetune_end_to_end(crossmodal_dirs, bert_dir, kind, task):
+    spec = get_task(task)
+    job = ft.prepare(kind, crossmodal_dirs / kind, spec, keyword_tables(task, 32, 12), settings(epochs=1),
+                     tokenizer_dir=bert_dir)
+    blocks = job.data["train"].clip_ids
+    n_sentences = 2 if spec.pair else 1
+    assert blocks.shape == (32, spec.num_labels if spec.kind == "multiple_choice" else 1, 2 * n_sentences, 77)
+    assert (blocks[:, :, ::2, 0] == 49406).all()  # every sentence starts its own blocks with [SOT]
+    run = ft.train_seed(job, 0)
+    pred = run["predictions"]["dev"]
+    assert pred.shape == (12,) and np.isfinite(run["last_epoch_loss"])
+    again = ft.train_seed(job, 0)
+    np.testing.assert_array_equal(pred, again["predictions"]["dev"])
