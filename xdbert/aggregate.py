@@ -1,0 +1,100 @@
+"""Seed statistics for the result tables: median, spread, and a paired bootstrap against the baseline.
+
+Everything is recomputed from the per-example dev predictions that each finetune run writes, so a
+table cell and its confidence interval come from the same numbers and the same metric code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from xdbert.errors import PipelineError
+from xdbert.tasks.metrics import compute_metrics
+from xdbert.tasks.registry import get_task
+
+
+@dataclass
+class Cell:
+    """One (model, task) result: the headline metric per seed and its summary."""
+
+    task: str
+    split: str
+    per_seed: dict[int, float]
+    all_metrics: dict[str, float]  # median over seeds of every metric the task reports
+
+    @property
+    def median(self) -> float:
+        return float(np.median(list(self.per_seed.values())))
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        v = list(self.per_seed.values())
+        return float(np.min(v)), float(np.max(v))
+
+
+def read_predictions(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise PipelineError(f"missing predictions {path}: run its finetune stage first (`dvc repro`)")
+    return pd.read_parquet(path)
+
+
+def headline_split(task: str) -> str:
+    """The dev split a table column shows (MNLI: matched; mismatched is reported beside)."""
+    return get_task(task).dev_splits[0]
+
+
+def cell(preds: pd.DataFrame, task: str, split: str | None = None) -> Cell:
+    spec = get_task(task)
+    split = split or headline_split(task)
+    rows = preds[preds["split"] == split]
+    if rows.empty:
+        raise PipelineError(f"no predictions for {task} split {split}; rerun its finetune stage")
+    per_seed, metrics = {}, []
+    for seed, g in rows.groupby("seed"):
+        g = g.sort_values("idx")
+        m = compute_metrics(task, g["prediction"].to_numpy(), g["label"].to_numpy())
+        per_seed[int(seed)] = float(m[spec.metric])
+        metrics.append(m)
+    medians = {k: float(np.median([m[k] for m in metrics])) for k in metrics[0]}
+    return Cell(task, split, per_seed, medians)
+
+
+def paired_bootstrap(
+    ours: pd.DataFrame, base: pd.DataFrame, task: str, n_boot: int, seed: int = 0, split: str | None = None,
+) -> dict:
+    """95% interval of (median-over-seeds metric of ours) - (same for base) over resampled dev examples.
+
+    The same resampled examples are used for both models and every seed (a paired bootstrap), so the
+    interval reflects how much the difference depends on which dev examples happen to be in the set.
+    """
+    spec = get_task(task)
+    split = split or headline_split(task)
+
+    def table(preds):
+        p = preds[preds["split"] == split].pivot(index="idx", columns="seed", values="prediction").sort_index()
+        return p
+
+    a, b = table(ours), table(base)
+    if not a.index.equals(b.index):
+        raise PipelineError(f"{task}: the two models' predictions cover different dev examples; rerun both finetunes")
+    labels = ours[(ours["split"] == split)].drop_duplicates("idx").set_index("idx").sort_index()["label"].to_numpy()
+    rng = np.random.default_rng(seed)
+    n = len(labels)
+
+    def med(pred_table, idx):
+        return float(np.median([compute_metrics(task, pred_table[s].to_numpy()[idx], labels[idx])[spec.metric] for s in pred_table.columns]))
+
+    everything = np.arange(n)
+    diffs = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, n, n)
+        diffs.append(med(a, idx) - med(b, idx))
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    delta = med(a, everything) - med(b, everything)
+    better = delta > 0 if spec.higher_is_better else delta < 0
+    excludes_zero = lo > 0 or hi < 0
+    return {"delta": delta, "ci_low": float(lo), "ci_high": float(hi), "n_boot": n_boot,
+            "significant": bool(excludes_zero), "ours_better": bool(better)}
