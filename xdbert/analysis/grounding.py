@@ -1,0 +1,462 @@
+"""The visually grounded ratio of dev examples that XDBERT improves or worsens (paper Figure 4, Appendix D).
+
+Definitions (the paper follows Vokenization, Tan and Bansal 2020):
+
+- A WORD is visually grounded if it is not a stopword and occurs MORE than `threshold` times (100 in
+  the paper) in a caption corpus (MSCOCO captions in the paper profile). Every other content word is
+  not grounded. Stopwords (a named list, `xdbert/data/stopwords_en.txt`), punctuation (a word with no
+  letter or digit) and the tokenizer's special tokens (`[UNK]`) count toward neither class.
+- Word-piece rule: the unit is the WHOLE word. Texts are cut with the BERT tokenizer and its word
+  pieces are merged back (`qu ##aran ##tine` -> `quarantine`) before a word is classified, and the
+  caption corpus is cut and merged the same way, so both sides count the same units. A word split
+  into three pieces therefore counts once, not three times.
+- ratio = grounded / (grounded + not grounded) over the example's text (text_a and text_b). An
+  example without any content word has no ratio (NaN): it is left out of the box plots and means
+  and counted separately.
+- Per dev example, `correct` is counted over the seeds for XDBERT and for the baseline (both have the
+  same seeds); more for XDBERT = improved, fewer = worsened, equal = on par (set aside in the plot).
+"""
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from xdbert.errors import PipelineError
+
+GROUNDED, NOT_GROUNDED, STOPWORD, PUNCTUATION = "grounded", "not_grounded", "stopword", "punctuation"
+CHANGES = ("improved", "on_par", "worsened")
+PLOTTED = ("improved", "worsened")   # the paper's Figure 4 sets on-par examples aside
+TASK_TITLES = {"rte": "RTE", "mrpc": "MRPC", "cola": "CoLA", "sst2": "SST-2", "qnli": "QNLI", "qqp": "QQP", "mnli": "MNLI"}
+STOPWORDS_FILE = Path(__file__).resolve().parents[1] / "data" / "stopwords_en.txt"
+
+Tokenize = Callable[[list[str]], list[list[str]]]   # texts -> word pieces of each text
+
+
+# ----------------------------------------------------------------------------------------------------
+# Words and their classes
+# ----------------------------------------------------------------------------------------------------
+
+def load_stopwords(path: str | Path | None = None) -> frozenset[str]:
+    """A stopword list, one word per line, `#` comments; default: the shipped NLTK English list."""
+    path = Path(path) if path else STOPWORDS_FILE
+    if not path.is_file():
+        raise PipelineError(f"missing stopword list {path}: give a file with one word per line (`grounding.stopwords`), "
+                            f"or leave it empty for the shipped NLTK English list")
+    words = [ln.strip().lower() for ln in path.read_text(encoding="utf-8").splitlines()]
+    words = [w for w in words if w and not w.startswith("#")]
+    if not words:
+        raise PipelineError(f"stopword list {path} has no words")
+    return frozenset(words)
+
+
+def merge_wordpieces(tokens: Sequence[str], prefix: str = "##") -> list[str]:
+    """Whole words from WordPiece tokens: a `##piece` is appended to the word before it."""
+    words: list[str] = []
+    for tok in tokens:
+        if tok.startswith(prefix) and words:
+            words[-1] += tok[len(prefix):]
+        else:
+            words.append(tok[len(prefix):] if tok.startswith(prefix) else tok)
+    return words
+
+
+def is_punctuation(word: str) -> bool:
+    return not any(c.isalnum() for c in word)
+
+
+def wordpiece_tokenizer(tokenizer) -> tuple[Tokenize, str, frozenset[str]]:
+    """(tokenize, continuation prefix, special tokens) of a fast transformers WordPiece tokenizer."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise PipelineError(f"{type(tokenizer).__name__} is not a fast tokenizer; the grounding analysis needs one with tokenizer.json")
+    prefix = getattr(tokenizer.backend_tokenizer.model, "continuing_subword_prefix", None) or "##"
+
+    def tokenize(texts: list[str]) -> list[list[str]]:
+        enc = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)
+        return [enc.tokens(i) for i in range(len(texts))]
+
+    specials = frozenset(t.lower() for t in tokenizer.all_special_tokens)
+    return tokenize, prefix, specials
+
+
+def text_words(texts: list[str], tokenize: Tokenize, prefix: str = "##") -> list[list[str]]:
+    """Lowercased whole words of each text, cut by `tokenize` (the BERT tokenizer) and merged back."""
+    return [[w.lower() for w in merge_wordpieces(pieces, prefix)] for pieces in tokenize(texts)]
+
+
+def caption_word_counts(captions: Iterable[str], tokenize: Tokenize, batch_size: int = 4096, prefix: str = "##") -> Counter:
+    """How often every whole word occurs in the caption corpus (same tokenizer and merge as the texts)."""
+    counts: Counter = Counter()
+    batch: list[str] = []
+    for caption in captions:
+        batch.append(caption)
+        if len(batch) == batch_size:
+            for words in text_words(batch, tokenize, prefix):
+                counts.update(words)
+            batch = []
+    if batch:
+        for words in text_words(batch, tokenize, prefix):
+            counts.update(words)
+    return counts
+
+
+def classify(words: Sequence[str], stopwords: frozenset[str], counts: Mapping[str, int], threshold: int,
+             specials: frozenset[str] = frozenset()) -> list[str]:
+    """The class of every word: grounded, not_grounded, stopword or punctuation (specials: punctuation).
+
+    Grounded means strictly MORE than `threshold` caption occurrences, as the paper states it.
+    """
+    out = []
+    for w in words:
+        if w in specials or is_punctuation(w):
+            out.append(PUNCTUATION)
+        elif w in stopwords:
+            out.append(STOPWORD)
+        elif counts.get(w, 0) > threshold:
+            out.append(GROUNDED)
+        else:
+            out.append(NOT_GROUNDED)
+    return out
+
+
+@dataclass(frozen=True)
+class GroundedCount:
+    grounded: int
+    not_grounded: int
+
+    @property
+    def ratio(self) -> float:
+        """grounded / (grounded + not grounded); NaN for an example without content words."""
+        n = self.grounded + self.not_grounded
+        return self.grounded / n if n else float("nan")
+
+
+def count_classes(classes: Sequence[str]) -> GroundedCount:
+    c = Counter(classes)
+    return GroundedCount(c[GROUNDED], c[NOT_GROUNDED])
+
+
+def mark_words(words: Sequence[str], classes: Sequence[str]) -> str:
+    """Appendix D's notation: **grounded**, plain not grounded, (stopword or punctuation)."""
+    marked = []
+    for w, c in zip(words, classes):
+        w = w.replace("*", "\\*").replace("|", "\\|")
+        marked.append(f"**{w}**" if c == GROUNDED else w if c == NOT_GROUNDED else f"({w})")
+    return " ".join(marked)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Comparing the two models' predictions
+# ----------------------------------------------------------------------------------------------------
+
+def correct_per_example(preds: pd.DataFrame, what: str) -> tuple[pd.Series, list[int]]:
+    """(number of seeds right per example idx, the seeds) from a predictions table of one split."""
+    need = {"seed", "idx", "correct"}
+    if not need <= set(preds.columns):
+        raise PipelineError(f"{what} lacks columns {sorted(need - set(preds.columns))}; rerun its finetune stage")
+    if preds.empty:
+        raise PipelineError(f"{what} has no dev predictions; rerun its finetune stage")
+    if preds.duplicated(["seed", "idx"]).any():
+        raise PipelineError(f"{what} has an example twice for one seed; rerun its finetune stage")
+    seeds = sorted(int(s) for s in preds["seed"].unique())
+    per_seed = preds.groupby("seed")["idx"].apply(lambda s: frozenset(s.tolist()))
+    if per_seed.nunique() != 1:
+        raise PipelineError(f"{what}: the seeds cover different dev examples; rerun its finetune stage")
+    return preds.groupby("idx")["correct"].apply(lambda c: int(np.sum(c.astype(bool)))), seeds
+
+
+def compare_models(baseline: pd.DataFrame, proposed: pd.DataFrame, names: tuple[str, str] = ("baseline", "xdbert")) -> pd.DataFrame:
+    """Per dev example: seeds right for each model, their difference and the change class.
+
+    Returns columns idx, baseline_correct, proposed_correct, delta (proposed - baseline), change
+    (improved / on_par / worsened), sorted by idx. Both tables must hold the same seeds and examples.
+    """
+    b, b_seeds = correct_per_example(baseline, f"predictions of `{names[0]}`")
+    p, p_seeds = correct_per_example(proposed, f"predictions of `{names[1]}`")
+    if b_seeds != p_seeds:
+        raise PipelineError(f"`{names[0]}` has seeds {b_seeds} but `{names[1]}` has {p_seeds}; the comparison needs the "
+                            f"same seeds for both (rerun finetuning with the same `finetune` seeds)")
+    if set(b.index) != set(p.index):
+        raise PipelineError(f"`{names[0]}` and `{names[1]}` predicted different dev examples; rerun both finetune stages")
+    out = pd.DataFrame({"idx": b.index.astype(np.int64), "baseline_correct": b.to_numpy(),
+                        "proposed_correct": p.loc[b.index].to_numpy()})
+    out["delta"] = out["proposed_correct"] - out["baseline_correct"]
+    out["change"] = np.select([out["delta"] > 0, out["delta"] < 0], ["improved", "worsened"], "on_par")
+    out = out.sort_values("idx").reset_index(drop=True)
+    out.attrs["n_seeds"] = len(b_seeds)
+    return out
+
+
+def class_summary(ratios: np.ndarray) -> dict[str, float | int]:
+    """n, quartiles, median and mean of the ratios of one class (NaN ratios left out, counted)."""
+    r = np.asarray(ratios, dtype=np.float64)
+    valid = r[~np.isnan(r)]
+    out: dict[str, float | int] = {"n": int(valid.size), "no_content_words": int(np.isnan(r).sum())}
+    if valid.size:
+        q1, med, q3 = np.percentile(valid, [25, 50, 75])
+        out.update(q1=float(q1), median=float(med), q3=float(q3), mean=float(valid.mean()))
+    else:
+        out.update(q1=float("nan"), median=float("nan"), q3=float("nan"), mean=float("nan"))
+    return out
+
+
+def improved_vs_worsened(improved: np.ndarray, worsened: np.ndarray) -> float:
+    """Two-sided Mann-Whitney U p-value that the two classes' ratios come from one distribution."""
+    from scipy.stats import mannwhitneyu
+
+    a, b = (np.asarray(x, dtype=np.float64) for x in (improved, worsened))
+    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
+    if a.size == 0 or b.size == 0:
+        return float("nan")
+    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+@dataclass(frozen=True)
+class Grounding:
+    """The whole classification rule in one object: tokenizer, stopwords, caption counts and threshold."""
+
+    tokenize: Tokenize
+    stopwords: frozenset[str]
+    counts: Mapping[str, int]
+    threshold: int
+    prefix: str = "##"
+    specials: frozenset[str] = frozenset()
+
+    def words(self, texts: list[str]) -> list[tuple[list[str], list[str]]]:
+        """(whole words, their classes) of every text."""
+        return [(w, classify(w, self.stopwords, self.counts, self.threshold, self.specials))
+                for w in text_words(texts, self.tokenize, self.prefix)]
+
+    @property
+    def grounded_vocabulary(self) -> list[str]:
+        """The caption-corpus words that count as grounded."""
+        return sorted(w for w, c in self.counts.items()
+                      if c > self.threshold and w not in self.stopwords and w not in self.specials and not is_punctuation(w))
+
+
+def annotate(cmp: pd.DataFrame, texts_a: list[str], texts_b: list[str], rule: Grounding) -> tuple[pd.DataFrame, list[str], list[str]]:
+    """Add grounded / not_grounded / ratio columns to `compare_models`' table (texts in its row order).
+
+    Returns (the table, text_a and text_b of every row in Appendix D's marked notation).
+    """
+    a, b = rule.words(texts_a), rule.words(texts_b)
+    found = [count_classes(ca + cb) for (_, ca), (_, cb) in zip(a, b)]
+    cmp = cmp.copy()
+    cmp["grounded"] = [c.grounded for c in found]
+    cmp["not_grounded"] = [c.not_grounded for c in found]
+    cmp["ratio"] = [c.ratio for c in found]
+    return cmp, [mark_words(*x) for x in a], [mark_words(*x) for x in b]
+
+
+def task_summary(cmp: pd.DataFrame, n_seeds: int) -> dict:
+    """Counts, extra correct answers over all seeds, per-class ratio statistics, improved-vs-worsened test."""
+    by_class = {c: cmp.loc[cmp["change"] == c, "ratio"].to_numpy() for c in CHANGES}
+    extra = int(cmp["delta"].sum())
+    return {
+        "seeds": n_seeds, "examples": len(cmp), "extra_correct": extra,
+        "gain_percent": 100.0 * extra / n_seeds / max(len(cmp), 1),
+        "classes": {c: class_summary(by_class[c]) for c in CHANGES},
+        "mannwhitney_p": improved_vs_worsened(by_class["improved"], by_class["worsened"]),
+    }
+
+
+def extreme_examples(cmp: pd.DataFrame, k: int) -> dict[str, pd.DataFrame]:
+    """Appendix D's choice: the k most improved, k on-par (first by idx) and k most worsened examples."""
+    return {"improved": cmp[cmp["change"] == "improved"].sort_values(["delta", "idx"], ascending=[False, True]).head(k),
+            "on_par": cmp[cmp["change"] == "on_par"].sort_values("idx").head(k),
+            "worsened": cmp[cmp["change"] == "worsened"].sort_values(["delta", "idx"]).head(k)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Figure 4
+# ----------------------------------------------------------------------------------------------------
+
+def plot_boxes(ratios: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path, title: str = "") -> Path:
+    """One panel per task, a box per plotted class (improved, worsened), the mean as a green plus.
+
+    `ratios[task][change]` holds that class's ratios (NaN entries are dropped). Writes a PNG.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(ratios)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.6), sharey=True, squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        data, labels = [], []
+        for change in PLOTTED:
+            r = np.asarray(ratios[task].get(change, []), dtype=np.float64)
+            r = r[~np.isnan(r)]
+            labels.append(f"{change}\n(n={r.size})")
+            data.append(r if r.size else np.array([np.nan]))
+        ax.boxplot(data, showmeans=True, tick_labels=labels, widths=0.6,
+                   meanprops={"marker": "+", "markeredgecolor": "green", "markersize": 10, "markeredgewidth": 2})
+        ax.set_title(TASK_TITLES.get(task, task))
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("visually grounded ratio")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, format="png", dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _f(x: float) -> str:
+    return "-" if x != x else f"{x:.3f}"  # NaN -> "-"
+
+
+def figure4_markdown(head: str, summary: dict, examples: dict, names: tuple[str, str], rule_text: str,
+                     titles: Mapping[str, str], examples_task: str, paper_note: str = "") -> str:
+    """reports/figure4.md: the rule, extra correct answers, quartiles and means per class, marked examples.
+
+    `examples[change]` is a list of (row of the annotated table, marked text_a, marked text_b, seeds).
+    """
+    base, model = names
+    md = [head, "![Figure 4](figure4.png)", "", rule_text, "", "## Extra correct answers over all seeds", "",
+          "| task | seeds | dev examples | improved | on par | worsened | extra correct | gain | Mann-Whitney p (improved vs worsened) |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for task, t in summary.items():
+        n = {c: t["classes"][c]["n"] + t["classes"][c]["no_content_words"] for c in t["classes"]}
+        md.append(f"| {titles.get(task, task)} | {t['seeds']} | {t['examples']} | {n['improved']} | {n['on_par']} | "
+                  f"{n['worsened']} | {t['extra_correct']:+d} | {t['gain_percent']:+.2f}% | {_f(t['mannwhitney_p'])} |")
+    if paper_note:
+        md += ["", paper_note]
+    md += ["", "## Ratio per class", "", "| task | class | n | Q1 | median | Q3 | mean | no content words |",
+           "|---|---|---|---|---|---|---|---|"]
+    for task, t in summary.items():
+        for c, v in t["classes"].items():
+            md.append(f"| {titles.get(task, task)} | {c} | {v['n']} | {_f(v['q1'])} | {_f(v['median'])} | {_f(v['q3'])} | "
+                      f"{_f(v['mean'])} | {v['no_content_words']} |")
+    md += ["", f"## Examples ({titles.get(examples_task, examples_task)}, Appendix D style)", "",
+           "**Bold** words are visually grounded, plain words are not, (bracketed) words are stopwords or punctuation "
+           "and count toward neither. Improved and worsened examples are the most extreme ones.", ""]
+    for change, rows in examples.items():
+        md += [f"### {change.replace('_', ' ')}", ""] + (["(none)", ""] if not rows else [])
+        for row, a, b, n_seeds in rows:
+            md += [f"- idx {row.idx}: visually grounded ratio {row.grounded}/({row.grounded}+{row.not_grounded}) = "
+                   f"{_f(row.ratio)}; `{base}` right {row.baseline_correct}/{n_seeds}, `{model}` right "
+                   f"{row.proposed_correct}/{n_seeds}", "", f"  > {a}"] + (["  >", f"  > {b}"] if b else []) + [""]
+    return "\n".join(md) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Caption corpora: MSCOCO (a local JSON in COCO's format, or a hub dataset) or generated
+# ----------------------------------------------------------------------------------------------------
+
+def read_coco_captions(path: str | Path) -> list[str]:
+    """Captions from a file in the layout of COCO's `annotations/captions_train2017.json`."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"missing caption file {path}: download MSCOCO's annotations_trainval2017.zip and point "
+                            f"`grounding.captions` at annotations/captions_train2017.json, or use `generated`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        captions = [a["caption"] for a in data["annotations"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise PipelineError(f"{path} is not a COCO captions file (a JSON object whose `annotations` entries have a "
+                            f"`caption`): {e}") from e
+    if not captions:
+        raise PipelineError(f"{path} holds no captions")
+    return [str(c) for c in captions]
+
+
+def write_coco_captions(captions: Sequence[str], path: str | Path) -> None:
+    """Write captions in COCO's caption-annotation layout (one image per caption)."""
+    data = {
+        "info": {"description": "generated captions (xdbert embedded profile)"},
+        "images": [{"id": i} for i in range(len(captions))],
+        "annotations": [{"id": i, "image_id": i, "caption": c} for i, c in enumerate(captions)],
+    }
+    Path(path).write_text(json.dumps(data) + "\n", encoding="utf-8")
+
+
+def load_hub_captions(hub_id: str, split: str, column: str) -> list[str]:
+    """Captions from a `datasets` dataset (a hub id or a local folder in the hub's layout).
+
+    A column holding lists of captions (several per image) is flattened.
+    """
+    import datasets
+
+    from xdbert.hub import hub_request
+
+    try:
+        with hub_request(f"caption dataset `{hub_id}`"):
+            ds = datasets.load_dataset(hub_id, split=split)
+    except ValueError as e:
+        raise PipelineError(f"cannot load split `{split}` of caption dataset `{hub_id}` (check `grounding.captions_hub_split`): {e}") from e
+    if column not in ds.column_names:
+        raise PipelineError(f"caption dataset `{hub_id}` has no column `{column}` (`grounding.captions_hub_column`); "
+                            f"columns: {', '.join(ds.column_names)}")
+    out: list[str] = []
+    for value in ds[column]:
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            out.extend(str(v) for v in value)
+    if not out:
+        raise PipelineError(f"caption dataset `{hub_id}` column `{column}` holds no text")
+    return out
+
+
+def generate_captions(n: int, seed: int) -> list[str]:
+    """Short visual scene descriptions, COCO-like, from the embedded corpus's own word lists.
+
+    Only the concrete vocabulary appears (people, animals, objects, places, colours, sizes, numbers,
+    visible actions), so the abstract words of the generated documents and tasks (policy, theory,
+    council, ...) end up not grounded, as abstract words are in MSCOCO. Deterministic in `seed`.
+    """
+    from xdbert import corpus as C
+
+    rng = random.Random(seed)
+    visible = [v for v in C.VERBS if v.base in {"carry", "hold", "paint", "throw", "push", "pull", "wash", "watch",
+                                                 "catch", "kick", "clean", "lift", "drop", "draw"}]
+    things = C.OBJECTS + C.ANIMALS
+
+    def noun(n_: C.Noun | C.Person, plural: bool) -> str:
+        return n_.plural if plural else n_.sing
+
+    def some(word: str, plural: bool) -> tuple[str, bool]:
+        if plural:
+            return f"{rng.choice(C.NUMBERS)} {word}", True
+        return f"{C.a(word)} {word}", False
+
+    def described(obj: C.Noun, plural: bool) -> str:
+        adj = rng.choice(C.COLOURS + C.SIZES)
+        phrase, _ = some(f"{adj} {noun(obj, plural)}", plural)
+        return phrase
+
+    def place() -> str:
+        p = rng.choice(C.PLACES)
+        return f"{p.prep} the {p.name}"
+
+    out = []
+    for _ in range(n):
+        kind = rng.randrange(4)
+        plural = rng.random() < 0.3
+        if kind == 0:  # a man holding a red kite in the park
+            person = rng.choice(C.PERSONS)
+            obj = rng.choice(C.OBJECTS)
+            verbs = [v for v in visible if v in C.verbs_for(obj)] or visible
+            subject, _ = some(noun(person, plural), plural)
+            text = f"{subject} {rng.choice(verbs).ing} {described(obj, rng.random() < 0.3)} {place()}"
+        elif kind == 1:  # two brown dogs running on the beach
+            animal = rng.choice(C.ANIMALS)
+            text = f"{described(animal, plural)} {rng.choice(C.INTRANSITIVE).ing} {place()}"
+        elif kind == 2:  # a small wooden boat on the lake
+            text = f"{described(rng.choice(things), plural)} {place()}"
+        else:  # a woman sitting next to a blue umbrella
+            person = rng.choice(C.PERSONS)
+            subject, _ = some(noun(person, plural), plural)
+            text = f"{subject} {rng.choice(C.INTRANSITIVE).ing} next to {described(rng.choice(things), False)}"
+        out.append(text + ("." if rng.random() < 0.5 else ""))
+    return out

@@ -1,0 +1,241 @@
+"""Canonical correlation analysis and projection-weighted CCA (PWCCA) of two sets of vectors.
+
+Paper Table 2 compares the word-embedding matrices of BERT, ELECTRA, CLIP's text tower and uniform
+noise over the words the vocabularies share. Each embedding matrix is one "view" of the same words:
+rows are words (data points), columns are embedding dimensions ("neurons" in the SVCCA papers).
+
+CCA finds directions a_i, b_i such that the projections x a_i and y b_i are maximally correlated, with
+each new pair uncorrelated to the previous ones; the correlations rho_1 >= rho_2 >= ... are the
+canonical correlations. PWCCA (Morcos, Raghu and Bengio, 2018) summarises them as a weighted mean in
+which a canonical direction counts as much as it accounts for the original dimensions of one view,
+so directions that merely fit noise in a few dimensions count little.
+
+Method (all float64):
+  1. centre both views;
+  2. covariances Sxx, Syy, Sxy, with `eps` times the mean variance added to the diagonals of Sxx and
+     Syy (a ridge relative to the data's scale, so near-singular covariances stay invertible and the
+     result does not depend on the unit of the embeddings);
+  3. whiten: T = Sxx^-1/2 Sxy Syy^-1/2; the singular values of T are the canonical correlations and
+     Sxx^-1/2 U, Syy^-1/2 V the canonical coefficient vectors.
+
+Written for this project in the manner of google/svcca's `cca_core.py` (that code was not copied).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from xdbert.errors import PipelineError
+
+WEIGHT_VIEWS = ("x", "y", "smaller")
+DEFAULT_MIN_RATIO = 5.0
+
+
+@dataclass
+class CCAResult:
+    """Canonical correlations of two views and what is needed to project onto them.
+
+    rho:     (k,) canonical correlations, descending, in [0, 1]; k = min(d1, d2)
+    x_coef:  (d1, k) coefficients: the canonical variates of x are (x - x_mean) @ x_coef
+    y_coef:  (d2, k) likewise for y
+    x_mean, y_mean: the per-dimension means removed before the analysis
+    """
+
+    rho: np.ndarray
+    x_coef: np.ndarray
+    y_coef: np.ndarray
+    x_mean: np.ndarray
+    y_mean: np.ndarray
+
+    def x_variates(self, x: np.ndarray) -> np.ndarray:
+        """(n, k) canonical variates of view x (unit variance, mutually uncorrelated)."""
+        return (np.asarray(x, dtype=np.float64) - self.x_mean) @ self.x_coef
+
+    def y_variates(self, y: np.ndarray) -> np.ndarray:
+        return (np.asarray(y, dtype=np.float64) - self.y_mean) @ self.y_coef
+
+
+@dataclass
+class PWCCAResult:
+    """The PWCCA value and its parts: weights (k,) sum to 1, rho (k,) the canonical correlations."""
+
+    value: float
+    weights: np.ndarray
+    rho: np.ndarray
+    weighted_by: str   # "x" or "y": the view whose dimensions the weights measure
+
+
+def _as_views(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.ndim != 2 or y.ndim != 2:
+        raise ValueError(f"views must be 2-D (words x dimensions); got shapes {x.shape} and {y.shape}")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"views must have the same rows (words); got {x.shape[0]} and {y.shape[0]}")
+    if x.shape[0] < 2:
+        raise ValueError("CCA needs at least two data points")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("views contain NaN or infinite values")
+    return x, y
+
+
+def _inv_sqrt(cov: np.ndarray) -> np.ndarray:
+    """Symmetric inverse square root of a covariance matrix (eigenvalues floored just above zero)."""
+    w, v = np.linalg.eigh(cov)
+    floor = max(float(w.max()), 1e-300) * 1e-12  # a numerically zero eigenvalue must not become inf
+    w = np.maximum(w, floor)
+    return (v / np.sqrt(w)) @ v.T
+
+
+def _ridge(cov: np.ndarray, eps: float) -> np.ndarray:
+    return cov + eps * (np.trace(cov) / cov.shape[0]) * np.eye(cov.shape[0])
+
+
+def cca(x: np.ndarray, y: np.ndarray, eps: float = 1e-6) -> CCAResult:
+    """Canonical correlations between views x (n, d1) and y (n, d2); the widths may differ.
+
+    Args:
+      x, y: the two views, rows are the same n data points (words) in the same order.
+      eps: ridge added to both covariance diagonals, as a fraction of the view's mean variance
+        (0 for plain CCA; a small value keeps a near-singular covariance invertible).
+
+    Returns:
+      A `CCAResult` with k = min(d1, d2) canonical correlations in descending order.
+    """
+    x, y = _as_views(x, y)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0; got {eps}")
+    n = x.shape[0]
+    x_mean, y_mean = x.mean(axis=0), y.mean(axis=0)
+    xc, yc = x - x_mean, y - y_mean
+    sxx = _ridge(xc.T @ xc / (n - 1), eps)
+    syy = _ridge(yc.T @ yc / (n - 1), eps)
+    sxy = xc.T @ yc / (n - 1)
+    wx, wy = _inv_sqrt(sxx), _inv_sqrt(syy)
+    u, s, vt = np.linalg.svd(wx @ sxy @ wy, full_matrices=False)
+    k = min(x.shape[1], y.shape[1])
+    # Rounding can push a perfect correlation a hair above 1; a correlation cannot exceed 1.
+    rho = np.clip(s[:k], 0.0, 1.0)
+    return CCAResult(rho=rho, x_coef=wx @ u[:, :k], y_coef=wy @ vt.T[:, :k], x_mean=x_mean, y_mean=y_mean)
+
+
+def check_sample_size(n_words: int, d1: int, d2: int, min_ratio: float = DEFAULT_MIN_RATIO) -> None:
+    """Refuse an analysis with too few data points for the widths.
+
+    With n close to the width, CCA finds near-perfect correlations between ANY two views (it has as
+    many free directions as data points), so the numbers would say nothing. Raises PipelineError.
+    """
+    need = int(np.ceil(min_ratio * max(d1, d2)))
+    if n_words < need:
+        raise PipelineError(
+            f"PWCCA over {n_words} shared words is not meaningful for embedding widths {d1} and {d2}: it needs at "
+            f"least {min_ratio:g}x the larger width, i.e. {need} words (param `pwcca.min_words_ratio`); use "
+            f"vocabularies that share more whole words, or lower the ratio knowingly")
+
+
+def pwcca(x: np.ndarray, y: np.ndarray, eps: float = 1e-6, weight_by: str = "smaller",
+          min_ratio: float = DEFAULT_MIN_RATIO) -> PWCCAResult:
+    """Projection-weighted mean of the canonical correlations of x and y (Morcos et al., 2018).
+
+    Each canonical direction i of the weighting view v gets weight alpha_i = sum_j |<h_i, v_j>|, where
+    h_i are the view's canonical variates orthonormalised (QR) and v_j its centred columns: how much
+    of the original dimensions the direction accounts for. The weights are normalised to sum to 1 and
+    PWCCA = sum_i alpha_i rho_i.
+
+    Args:
+      x, y: views (n, d1) and (n, d2) over the same n words.
+      eps: covariance ridge, see `cca`.
+      weight_by: "x", "y", or "smaller" (the narrower view, x on a tie: its k canonical directions span
+        its whole space; this is the convention of svcca's `compute_pwcca`).
+      min_ratio: n must be at least this many times max(d1, d2), else PipelineError (`check_sample_size`).
+
+    Returns:
+      A `PWCCAResult`; `value` is 1 for views that are invertible linear maps of each other.
+    """
+    if weight_by not in WEIGHT_VIEWS:
+        raise ValueError(f"weight_by must be one of {WEIGHT_VIEWS}; got {weight_by!r}")
+    x, y = _as_views(x, y)
+    check_sample_size(x.shape[0], x.shape[1], y.shape[1], min_ratio)
+    result = cca(x, y, eps)
+    if weight_by == "smaller":
+        weight_by = "x" if x.shape[1] <= y.shape[1] else "y"
+    view, variates = (x - result.x_mean, result.x_variates(x)) if weight_by == "x" else (y - result.y_mean, result.y_variates(y))
+    q, _ = np.linalg.qr(variates)              # (n, k) orthonormal basis of the canonical variates
+    weights = np.abs(q.T @ view).sum(axis=1)   # (k,) projection of every original dimension
+    weights = weights / weights.sum()
+    return PWCCAResult(value=float(weights @ result.rho), weights=weights, rho=result.rho, weighted_by=weight_by)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Word embeddings over the words two vocabularies share
+# ----------------------------------------------------------------------------------------------------
+
+def _plain_word(word: str) -> bool:
+    """A lowercase ASCII alphabetic word: the form both uncased WordPiece and CLIP's BPE keep whole."""
+    return word.isascii() and word.isalpha() and word.islower()
+
+
+def wordpiece_words(vocab: Mapping[str, int]) -> dict[str, int]:
+    """Whole words of a WordPiece vocabulary (BERT, ELECTRA): `word` -> id.
+
+    Continuation pieces (`##ing`), specials (`[CLS]`), `[unused0]`, punctuation, digits and cased or
+    non-ASCII entries are left out: only a token that is a complete lowercase word is comparable with
+    another vocabulary's entry for the same word.
+    """
+    return {tok: int(i) for tok, i in vocab.items() if _plain_word(tok)}
+
+
+def clip_bpe_words(encoder: Mapping[str, int]) -> dict[str, int]:
+    """Whole words of CLIP's BPE vocabulary: entries `word</w>` (a word-final token) -> id, keyed `word`.
+
+    A token without `</w>` is a word-initial or inner piece (`defe` of `defe ctive`), not a word.
+    """
+    suffix = "</w>"
+    out = {}
+    for tok, i in encoder.items():
+        if tok.endswith(suffix) and _plain_word(tok[: -len(suffix)]):
+            out[tok[: -len(suffix)]] = int(i)
+    return out
+
+
+def shared_words(vocabs: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """Sorted words present in every vocabulary of `vocabs` (name -> {word: id}); PipelineError if none."""
+    names = list(vocabs)
+    if not names:
+        raise ValueError("no vocabularies given")
+    common = set(vocabs[names[0]])
+    for name in names[1:]:
+        common &= set(vocabs[name])
+    if not common:
+        sizes = ", ".join(f"{n}: {len(vocabs[n])} whole words" for n in names)
+        raise PipelineError(f"the vocabularies share no whole word ({sizes}); PWCCA needs the same words in every "
+                            f"embedding matrix: check that the models are the intended ones")
+    return sorted(common)
+
+
+def embedding_rows(matrix: np.ndarray, word_ids: Mapping[str, int], words: Iterable[str]) -> np.ndarray:
+    """(len(words), dim) float64 rows of an embedding matrix for `words`, in that order."""
+    matrix = np.asarray(matrix)
+    ids = np.fromiter((word_ids[w] for w in words), dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= matrix.shape[0]):
+        raise PipelineError(f"a token id is outside the embedding matrix ({matrix.shape[0]} rows): the vocabulary "
+                            f"does not belong to this model")
+    return matrix[ids].astype(np.float64)
+
+
+def uniform_noise(shape: tuple[int, int], seed: int) -> np.ndarray:
+    """Table 2's RANDOM: U[-1, 1) noise of `shape`, reproducible from `seed`."""
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, size=shape)
+
+
+def pairwise(views: Mapping[str, np.ndarray], pairs: Iterable[tuple[str, str]], eps: float = 1e-6,
+             weight_by: str = "smaller", min_ratio: float = DEFAULT_MIN_RATIO) -> dict[tuple[str, str], PWCCAResult]:
+    """PWCCA of every (a, b) in `pairs` between the named views (all over the same words)."""
+    out = {}
+    for a, b in pairs:
+        for name in (a, b):
+            if name not in views:
+                raise PipelineError(f"unknown PWCCA system {name!r}; available: {', '.join(views)}")
+        out[(a, b)] = pwcca(views[a], views[b], eps=eps, weight_by=weight_by, min_ratio=min_ratio)
+    return out
