@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 from xdbert import finetune_data as fd
 from xdbert import finetuning as ft
+from xdbert import params
 from xdbert.tasks.generate import generate_task
 from xdbert.tasks.metrics import compute_metrics
 from xdbert.tasks.registry import get_task
@@ -45,7 +45,7 @@ def load_tables(task: str) -> tuple[dict, str]:
     task_dir = ROOT / "data" / "tasks"
     if all((task_dir / task / f"{s}.parquet").is_file() for s in spec.splits):
         return fd.read_task(task_dir, spec), f"{task_dir.relative_to(ROOT)}/{task}"
-    t = (yaml.safe_load((ROOT / "params.yaml").read_text()) or {}).get("tasks", {}) if (ROOT / "params.yaml").is_file() else {}
+    t = (params.read_yaml(ROOT / "params.yaml") or {}).get("tasks", {}) if (ROOT / "params.yaml").is_file() else {}
     size, dev, seed = t.get("train_size", 600), t.get("dev_size", 200), t.get("seed", 0)
     return generate_task(task, size, dev, seed), f"generated here (train {size}, dev {dev}, seed {seed})"
 

@@ -5,6 +5,7 @@ so a typo in `dvc exp run -S ...` fails in a second with a message, not an hour 
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -15,12 +16,31 @@ from xdbert.errors import PipelineError
 PROFILES = ("embedded", "paper")
 
 
+class Loader(yaml.SafeLoader):
+    """YAML 1.2 floats: PyYAML follows YAML 1.1, where `1e-4` (no dot) is a string, not a number.
+    DVC reads params.yaml as YAML 1.2, so `lr: 1e-4` must mean the same number here."""
+
+
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def read_yaml(path: Path) -> Any:
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)
+
+
 def load(path: str | Path = "params.yaml") -> dict:
     path = Path(path)
     if not path.is_file():
         raise PipelineError(f"missing {path}: run from the repository root, or `xdbert profile embedded` to write one")
     try:
-        params = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        params = read_yaml(path) or {}
     except yaml.YAMLError as e:
         raise PipelineError(f"{path} is not valid YAML: {e}") from e
     choice(params.get("profile"), "profile", PROFILES)

@@ -1,0 +1,354 @@
+"""The adaptation loop and the `adapt` stage: losses fall, a killed run resumes exactly, NaN stops
+cleanly, bad params fail before any work, and the saved encoder is a plain transformers checkpoint.
+
+Everything runs on shards the tokenize stage's own code (`tokenization.build`) writes from a few
+generated documents: max_len 32, one CLIP block, a 300-piece WordPiece vocabulary.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from transformers import AutoModel, AutoTokenizer
+
+from xdbert import corpus, modeling, shards, tokenization
+from xdbert.adaptation import AdaptSettings, BatchMaker, adapt
+from xdbert.errors import PipelineError
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIP = "xdbert-tiny"
+EOT = 49407  # CLIP BPE's <|endoftext|>
+LOSSES = ["mlm", "match", "cliptc"]
+TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+             "max_position_embeddings": 64}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models train fastest on one thread; two threads on a busy 2-core machine spin and crawl."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """A folder as the corpus and tokenize stages leave it: data/corpus, data/shards, models/tokenizer."""
+    root = tmp_path_factory.mktemp("repo")
+    corpus.write_corpus(corpus.generate_corpus(6, 12, seed=0), root / "data" / "corpus")
+    settings = tokenization.Settings(vocab_size=300, max_len=32, n_blocks=1, shard_windows=32, max_overflow=0.1,
+                                     validate_windows=4, workers=1)
+    tokenization.build(corpus_dir=root / "data" / "corpus", shard_dir=root / "data" / "shards",
+                       tokenizer_dir=root / "models" / "tokenizer", encoder="random:bert", clip_name=CLIP,
+                       settings=settings, positions=TINY_BERT["max_position_embeddings"])
+    return root
+
+
+@pytest.fixture(scope="module")
+def data(repo):
+    train = shards.open_shards(repo / "data" / "shards", "train")
+    valid = shards.open_shards(repo / "data" / "shards", "valid")
+    assert len(train) >= 24 and len(valid) >= 4 and train.max_len == 32 and train.n_blocks == 1
+    return train, valid, AutoTokenizer.from_pretrained(str(repo / "models" / "tokenizer"))
+
+
+class Subset:
+    """Some windows of a split, indexed like a ShardDataset (what `adapt` needs: len and array indexing)."""
+
+    def __init__(self, ds, index):
+        self.ds, self.index = ds, np.asarray(index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i):
+        return self.ds[self.index[i]]
+
+
+def settings(**kw) -> AdaptSettings:
+    base = dict(epochs=1, lr=1e-3, warmup_ratio=0.0, batch_size=4, micro_batch_size=2, weight_decay=0.01,
+                mlm_prob=0.15, match_prob=0.5, cliptc_prob=0.15, checkpoint_every=2, eval_windows=4, seed=0)
+    return AdaptSettings(**{**base, **kw})
+
+
+def make_batch(data, s: AdaptSettings) -> BatchMaker:
+    tok = data[2]
+    return BatchMaker(s, LOSSES, 1, vocab_size=len(tok), special_ids=tok.all_special_ids, mask_id=tok.mask_token_id,
+                      eot_id=EOT)
+
+
+def config(data) -> modeling.XDBertConfig:
+    return modeling.XDBertConfig(encoder="random:bert", encoder_config=dict(TINY_BERT), vocab_size=len(data[2]),
+                                 clip=CLIP, clip_heads=2, clip_blocks=1, cross_layers=1, losses=list(LOSSES),
+                                 clip_eot_id=EOT)
+
+
+def build_model(data, seed: int = 0) -> modeling.XDBertModel:
+    torch.manual_seed(seed)  # as the stage does: the initial weights are a function of model.seed
+    return modeling.XDBertModel.build(config(data))
+
+
+def run(data, s: AdaptSettings, checkpoint: Path, train=None, seed: int = 0, **kw):
+    """(model, metrics) of `adapt` on a freshly built model, as the stage calls it."""
+    model = build_model(data, seed)
+    train = train if train is not None else Subset(data[0], np.arange(12))
+    return model, adapt(model, train, data[1], make_batch(data, s), s, checkpoint, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. Training lowers every loss; the schedule steps once per optimizer step
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+    """40 steps on a fixed set of two windows, 16 per step (each window 8 times)."""
+    s = settings(epochs=40, batch_size=16, micro_batch_size=16, warmup_ratio=0.05, eval_windows=8,
+                 checkpoint_every=1000)
+    logged = []
+    model, metrics = run(data, s, tmp_path_factory.mktemp("ckpt") / "trained.pt", train=Subset(data[0], np.tile([0, 1], 8)),
+                         log=lambda m, step: logged.append((step, m)))
+    return model, metrics, logged
+
+
+def test_training_lowers_each_loss(trained):
+    _, m, logged = trained
+    assert m["steps"] == 40 and [step for step, _ in logged] == list(range(40))
+    for name in LOSSES:
+        assert m[f"train_{name}_loss"] < m[f"first_{name}_loss"], (name, m[f"first_{name}_loss"], m[f"train_{name}_loss"])
+    # Clear margins for the token objectives (match only has to beat chance: two windows, same-text pairs)
+    assert m["train_mlm_loss"] < m["first_mlm_loss"] - 0.5
+    assert m["train_cliptc_loss"] < m["first_cliptc_loss"] - 1.5
+    first, last = [np.mean([lg["match_loss"] for _, lg in logged[a:b]]) for a, b in ((0, 5), (-8, None))]
+    assert last < first - 0.03, (first, last)
+    assert m["train_mlm_accuracy"] > m["first_mlm_accuracy"]
+    for name in LOSSES:  # valid metrics come from the fixed-seed evaluation on the valid split
+        assert np.isfinite(m[f"valid_{name}_loss"]) and 0 <= m[f"valid_{name}_accuracy"] <= 1
+
+
+def test_learning_rate_follows_warmup_then_linear_decay(trained):
+    """One schedule step per optimizer step (accelerate would take one per process if it owned it)."""
+    _, _, logged = trained
+    peak, total, warmup = 1e-3, 40, 2  # warmup_ratio 0.05 of 40 steps
+    for step, lg in logged:
+        done = step + 1
+        expected = peak * done / warmup if done < warmup else peak * (total - done) / (total - warmup)
+        assert lg["lr"] == pytest.approx(expected, rel=1e-9, abs=1e-15), (step, lg["lr"], expected)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. A killed run resumes and ends exactly where an uninterrupted one does
+# ---------------------------------------------------------------------------------------------------
+
+def state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_resume_after_a_kill_gives_identical_weights(data, tmp_path, capsys):
+    # 12 windows, 4 per step in micro-batches of 2, 2 epochs: 6 steps; dropout on (the tiny BERT's 0.1)
+    s = settings(epochs=2)
+    model_a, metrics_a = run(data, s, tmp_path / "a.pt")
+    assert metrics_a["steps"] == 6
+
+    ckpt = tmp_path / "b.pt"
+    run(data, settings(epochs=2, lr=2e-3), ckpt, stop_after=2)  # a checkpoint made with other settings
+    capsys.readouterr()
+    _, stopped = run(data, s, ckpt, stop_after=5)  # killed after step 5: its last checkpoint is step 4
+    assert "other settings; starting afresh" in capsys.readouterr().out
+    assert stopped["steps"] == 5 and torch.load(ckpt, weights_only=False)["step"] == 4
+
+    model_b, metrics_b = run(data, s, ckpt)  # a new process: fresh model, same checkpoint path
+    assert f"resuming from {ckpt} at step 4/6" in capsys.readouterr().out
+    a, b = state(model_a), state(model_b)
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, different
+    assert {k: v for k, v in metrics_a.items() if k != "seconds"} == {k: v for k, v in metrics_b.items() if k != "seconds"}
+    fresh = state(build_model(data))
+    assert not torch.equal(fresh["encoder.embeddings.word_embeddings.weight"], b["encoder.embeddings.word_embeddings.weight"])
+
+
+def test_checkpoint_of_other_initial_weights_is_not_resumed(data, tmp_path, capsys):
+    """Same settings, another `model.seed`: resuming would continue from the other run's weights."""
+    ckpt = tmp_path / "c.pt"
+    run(data, settings(), ckpt, seed=1, stop_after=2)
+    capsys.readouterr()
+    _, metrics = run(data, settings(), ckpt, seed=0, stop_after=2)
+    assert "other settings; starting afresh" in capsys.readouterr().out
+    assert metrics["steps"] == 2  # resumed, it would have gone on from step 2 to 3
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. A NaN loss stops the run with a PipelineError and keeps the last checkpoint
+# ---------------------------------------------------------------------------------------------------
+
+def test_nan_loss_stops_and_keeps_the_last_checkpoint(data, tmp_path):
+    s = settings(epochs=2, micro_batch_size=4)  # 6 steps, one forward pass each
+    ckpt = tmp_path / "n.pt"
+    run(data, s, ckpt, stop_after=2)
+    saved = ckpt.read_bytes()
+
+    model = build_model(data)
+    forward, calls = model.forward, []
+
+    def nan_on_second_call(**kw):
+        out = forward(**kw)
+        calls.append(1)
+        if len(calls) == 2:  # resumed at step 2: the second pass is step 3
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    model.forward = nan_on_second_call
+    with pytest.raises(PipelineError, match=r"adapt: the loss became nan at step 3.*last checkpoint is kept"):
+        adapt(model, Subset(data[0], np.arange(12)), data[1], make_batch(data, s), s, ckpt)
+    assert ckpt.read_bytes() == saved
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["n.pt"]  # no temporary file left behind
+    assert torch.load(ckpt, weights_only=False)["step"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. The saved encoder is a plain transformers checkpoint of the original size
+# ---------------------------------------------------------------------------------------------------
+
+def test_saved_adapted_encoder_loads_with_automodel(trained, data, repo, tmp_path):
+    model = trained[0].eval()
+    out = modeling.save_adapted(model, tmp_path / "adapted" / "xdbert", tokenizer_dir=repo / "models" / "tokenizer")
+    loaded = AutoModel.from_pretrained(str(out)).eval()
+    fresh = build_model(data)
+    assert type(loaded) is type(fresh.encoder)
+    assert sum(p.numel() for p in loaded.parameters()) == modeling.count_parameters(fresh, "encoder") \
+        == modeling.count_parameters(model, "encoder")
+    assert AutoTokenizer.from_pretrained(str(out)).get_vocab() == data[2].get_vocab()
+    rows = data[0][np.arange(4)]
+    ids = torch.from_numpy(rows["bert_ids"].astype(np.int64))
+    mask = torch.from_numpy(rows["bert_mask"].astype(np.int64))
+    with torch.no_grad():
+        got = loaded(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert torch.equal(got, model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state)
+        assert not torch.allclose(got, fresh.encoder.eval()(input_ids=ids, attention_mask=mask).last_hidden_state)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. The stage: bad input exits 2 with one line and touches nothing; a good run writes every output
+# ---------------------------------------------------------------------------------------------------
+
+def set_key(params: dict, dotted: str, value) -> None:
+    *parents, last = dotted.split(".")
+    for key in parents:
+        params = params[key]
+    params[last] = value
+
+
+TINY_MODEL = {"model.encoder": "random:bert", "model.encoder_config": dict(TINY_BERT), "model.clip": CLIP,
+              "model.clip_pretrained": ""}
+
+# name: (variant, changes to params.yaml, a different tokenizer in models/tokenizer, words the error names)
+ERRORS = {
+    "unknown_variant": ("nope", {}, False, ["`adapt.variants` entry 'nope'", "allowed: xdbert", "baseline"]),
+    "empty_losses": ("xdbert", {"adapt.losses": []}, False, ["`adapt.losses` is empty", "mlm, match, cliptc"]),
+    "unknown_loss": ("xdbert", {"adapt.losses": ["mlm", "itm"]}, False, ["`adapt.losses`", "'itm'", "allowed: mlm, match, cliptc"]),
+    "zero_epochs": ("xdbert", {"adapt.epochs": 0}, False, ["`adapt.epochs` must be a positive integer; got 0"]),
+    "variant_epochs": ("two_epochs", {"adapt.variants.two_epochs": {"epochs": 0}}, False,
+                       ["`adapt.variants.two_epochs.epochs` must be a positive integer; got 0"]),
+    "negative_lr": ("xdbert", {"adapt.lr": -1}, False, ["`adapt.lr` must be a positive number; got -1"]),
+    "unknown_encoder_type": ("xdbert", {**TINY_MODEL, "model.encoder": "random:notamodel"}, False,
+                             ["`model.encoder: random:notamodel`", "random:<model_type>", "bert"]),
+    "unknown_clip": ("xdbert", {**TINY_MODEL, "model.clip": "notaclip"}, False, ["`model.clip: notaclip`", "xdbert-tiny"]),
+    "other_tokenizer": ("xdbert", TINY_MODEL, True, ["another vocabulary", "models/tokenizer", "dvc repro tokenize"]),
+}
+
+
+def stage_folder(cwd: Path, repo: Path, variant: str, changes: dict, tokenizer: Path | None = None) -> Path:
+    """A repository-shaped folder: the real params.yaml with `changes`, the shards and tokenizer of
+    `repo` (or another `tokenizer`), and a previous models/adapted/<variant> that must survive errors."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    for key, value in changes.items():
+        set_key(params, key, value)
+    (cwd / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    (cwd / "data").symlink_to(repo / "data", target_is_directory=True)
+    (cwd / "models").mkdir()
+    (cwd / "models" / "tokenizer").symlink_to(tokenizer or repo / "models" / "tokenizer", target_is_directory=True)
+    previous = cwd / "models" / "adapted" / variant
+    previous.mkdir(parents=True)
+    (previous / "config.json").write_text("previous output\n", encoding="utf-8")
+    return cwd
+
+
+@pytest.fixture(autouse=True, scope="module")
+def started_stage_runs(repo, tmp_path_factory):
+    """Every bad-input case as `python stages/adapt.py VARIANT` in its own folder, started before the
+    first test so that the three that pay the heavy imports do so while the training tests run:
+    name -> (folder, variant, running process)."""
+    other_tokenizer = tmp_path_factory.mktemp("other") / "tokenizer"
+    tokenization.train_wordpiece(["completely different words for another vocabulary"] * 5, 80, 64).save_pretrained(str(other_tokenizer))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    started = {}
+    for name, (variant, changes, other, _) in ERRORS.items():
+        cwd = stage_folder(tmp_path_factory.mktemp(name), repo, variant, changes, other_tokenizer if other else None)
+        proc = subprocess.Popen([sys.executable, str(ROOT / "stages" / "adapt.py"), variant], cwd=cwd, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started[name] = (cwd, variant, proc)
+    yield started
+    for _, _, proc in started.values():  # a test that failed early: do not leave processes behind
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def stage_runs(started_stage_runs):
+    """name -> (folder, variant, completed process) once every started run has finished."""
+    runs = {}
+    for name, (cwd, variant, proc) in started_stage_runs.items():
+        out, err = proc.communicate(timeout=240)
+        runs[name] = (cwd, variant, subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return runs
+
+
+@pytest.mark.parametrize("name", list(ERRORS))
+def test_stage_rejects_bad_input_and_touches_nothing(stage_runs, name):
+    cwd, variant, result = stage_runs[name]
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for words in ERRORS[name][3]:
+        assert words in lines[0], (words, lines[0])
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    previous = cwd / "models" / "adapted" / variant
+    assert sorted(p.name for p in previous.iterdir()) == ["config.json"]
+    assert (previous / "config.json").read_text(encoding="utf-8") == "previous output\n"
+    assert sorted(p.name for p in cwd.iterdir()) == ["data", "models", "params.yaml"]  # no checkpoints, metrics, dvclive
+    assert sorted(p.name for p in (cwd / "models").iterdir()) == ["adapted", "tokenizer"]
+
+
+def test_stage_writes_encoder_full_model_and_metrics(repo, tmp_path, monkeypatch, capsys):
+    """A good run, in this process (its imports are already paid) exactly as `python stages/adapt.py xdbert`."""
+    import runpy
+
+    changes = {**TINY_MODEL, "model.seed": 0, "adapt.epochs": 1, "adapt.batch_size": 16, "adapt.micro_batch_size": 8,
+               "adapt.eval_windows": 8, "adapt.checkpoint_every": 1}
+    cwd = stage_folder(tmp_path, repo, "xdbert", changes)
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["stages/adapt.py", "xdbert"])
+    runpy.run_path(str(ROOT / "stages" / "adapt.py"), run_name="__main__")  # a PipelineError would exit 2
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("adapt@xdbert: valid_mlm_loss=")
+    adapted = cwd / "models" / "adapted" / "xdbert"
+    assert (adapted / "config.json").read_text(encoding="utf-8") != "previous output\n"  # replaced
+    encoder = AutoModel.from_pretrained(str(adapted))
+    assert encoder.config.hidden_size == 32 and encoder.config.vocab_size == len(AutoTokenizer.from_pretrained(str(adapted)))
+    full = modeling.load_full(cwd / "models" / "crossmodal" / "xdbert")
+    assert full.config.losses == LOSSES and full.config.clip_blocks == 1 and full.config.clip_heads == 2
+    assert all(torch.equal(v, full.encoder.state_dict()[k]) for k, v in encoder.state_dict().items())
+    metrics = json.loads((cwd / "metrics" / "adapt" / "xdbert.json").read_text(encoding="utf-8"))
+    n_train = shards.read_manifest(repo / "data" / "shards")["splits"]["train"]["windows"]
+    assert metrics["variant"] == "xdbert" and metrics["steps"] == -(-n_train // 16)
+    assert all(np.isfinite(metrics[f"valid_{k}_loss"]) for k in LOSSES)
+    assert not (cwd / "checkpoints" / "adapt" / "xdbert.pt").exists()  # done: the checkpoint is removed
+    assert (cwd / "dvclive" / "adapt" / "xdbert").is_dir()
