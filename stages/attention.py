@@ -83,7 +83,7 @@ def main() -> None:
             shards.check_matches(valid.manifest, TOKENIZER, cfg.clip)
 
             # --- the example's maps (Table 9)
-            to_blocks, eot = tokenization.clip_blocks_function(cfg.clip)
+            to_blocks, eot = fd.clip_block_encoder(cfg.clip)
             enc = fd.encode_bert(tokenizer, spec, example, int(s["max_len"]))
             enc.clip_ids = fd.encode_clip(to_blocks, spec, example, int(s["clip_blocks_per_sentence"]))
             batch = {k: torch.as_tensor(v).to(device) for k, v in fd.collate(enc, np.array([0])).items() if k != "labels"}
