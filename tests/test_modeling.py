@@ -249,11 +249,31 @@ def test_cross_attention_probabilities():
         torch.testing.assert_close(clip.sum(-1), torch.ones(clip.shape[:-1]))
         assert (lang.masked_select(~clip_mask[:, None, None, :].expand_as(lang)) == 0).all()
         assert (clip.masked_select(~bert_mask[:, None, None, :].expand_as(clip)) == 0).all()
-    # The explicit path and the SDPA path compute the same thing.
+    # The explicit path (full CLIP layout) and the SDPA path (all-padding positions dropped) compute the
+    # same thing at every position that holds a token.
     with torch.no_grad():
-        language_explicit, clip_explicit, _, _ = model._encode(b["bert_ids"], b["bert_mask"], b["clip_ids"], True)
+        language_explicit, clip_explicit, _, _, kept = model._encode(b["bert_ids"], b["bert_mask"], b["clip_ids"], True)
+    assert kept is None
     torch.testing.assert_close(language_explicit, language_sdpa, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(clip_explicit, clip_sdpa, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(clip_explicit[clip_mask], clip_sdpa[clip_mask], atol=1e-5, rtol=1e-5)
+
+
+def test_clip_positions_padded_in_every_window_are_dropped_without_changing_results():
+    model = tiny_model().eval()
+    b = fixed_labels(fake_batch())
+    with torch.no_grad():
+        _, clip, clip_mask, _, kept = model._encode(b["bert_ids"], b["bert_mask"], b["clip_ids"])
+        compact = model(**b)
+        full = model(**b, output_attentions=True)  # attention maps keep every position
+        _, clip_full = model.encode(b["bert_ids"], b["bert_mask"], b["clip_ids"])
+    used = clip_block_mask(b["clip_ids"], EOT).reshape(4, -1).any(0)
+    assert kept.tolist() == used.nonzero().squeeze(1).tolist() and len(kept) < 3 * 77 / 2
+    assert clip.shape == (4, len(kept), 64) and clip_mask.shape == (4, len(kept))
+    for name in ("loss", "mlm_loss", "match_loss", "cliptc_loss"):
+        torch.testing.assert_close(compact[name], full[name], atol=1e-5, rtol=1e-5)
+    for name in ("mlm_count", "cliptc_count", "mlm_correct", "match_correct", "cliptc_correct"):
+        assert compact[name] == full[name]
+    assert clip_full.shape == (4, 3 * 77, 64) and (clip_full[:, ~used] == 0).all()
 
 
 def test_padding_does_not_change_results():

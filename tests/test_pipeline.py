@@ -32,6 +32,13 @@ def repo(tmp_path_factory) -> Path:
     p["model"]["encoder_config"].update(hidden_size=32, intermediate_size=64, max_position_embeddings=64)
     p["tokenize"].update(max_len=48, n_blocks=2, vocab_size=600, validate_windows=8)
     p["adapt"].update(batch_size=8, micro_batch_size=8, eval_windows=16, checkpoint_every=5)
+    # the whole graph runs in test_the_whole_graph_runs_then_skips: four tasks, few examples and seeds
+    p["tasks"].update(names=["rte", "mrpc", "stsb", "cola"], train_size=32, dev_size=16)
+    p["finetune"].update(seeds=[0, 1], rte_seeds=[0, 1, 2], epochs=1, batch_size=8)
+    p["pwcca"].update(min_words_ratio=2)  # the 600-piece test vocabulary shares few words with CLIP's
+    p["grounding"].update(n_captions=2000, examples_per_class=1)
+    p["attention"].update(windows=8, batch_size=8, max_len=48)
+    p["aggregate"].update(n_boot=20)
     (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     sh("git", "init", "-q", "-b", "main", cwd=repo)
     sh("dvc", "init", "-q", cwd=repo)
@@ -66,3 +73,25 @@ def test_exp_run_with_more_epochs_reruns_adapt_only(repo):
     assert "adapt.epochs" in shown and "valid_mlm_loss" in shown
     rows = [r for r in shown.splitlines() if r and not r.startswith("Experiment")]
     assert len(rows) >= 2  # the workspace/baseline and the experiment
+
+
+def test_the_whole_graph_runs_then_skips(repo):
+    """Every stage script runs under DVC (a stage no unit test drives end to end still gets run), the
+    reports and pictures exist and link each other, and a second `dvc repro` runs nothing."""
+    first = sh("dvc", "repro", cwd=repo)
+    stages = {s.split("@")[0] for s in ran(first)} | {s for s in ran(first)}
+    for name in ("tasks", "pretrained", "adapt_baseline", "aggregate", "pwcca", "grounding", "attention"):
+        assert name in stages, first
+    for task in ("rte", "mrpc", "stsb", "cola"):
+        assert f"finetune@{task}" in stages
+    for report in ("table1.md", "table2.md", "table3.md", "table8.md", "figure4.md", "attention.md"):
+        assert (repo / "reports" / report).stat().st_size > 0
+    assert (repo / "reports/figure4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pictures = sorted((repo / "reports/attention").glob("*.png"))
+    assert pictures and all(p.read_bytes()[:4] == b"\x89PNG" for p in pictures)
+    attention_md = (repo / "reports/attention.md").read_text()
+    assert all(f"attention/{p.name}" in attention_md for p in pictures)
+    assert "figure4.png" in (repo / "reports/figure4.md").read_text()
+
+    again = sh("dvc", "repro", cwd=repo)
+    assert ran(again) == set(), again

@@ -194,11 +194,7 @@ class FullModelClassifier(nn.Module):
         lead = batch["input_ids"].shape[:-1]
         ids, mask = _flat(batch["input_ids"], 1), _flat(batch["attention_mask"], 1)
         types = _flat(batch["token_type_ids"], 1) if "token_type_ids" in batch else None
-        language = self.xd.encoder(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
-        # XDBertModel.encode() has no token type input; this is its body with one added.
-        clip, clip_mask = self.xd._clip_stream(_flat(batch["clip_ids"], 2))
-        for layer in self.xd.cross_layers:
-            language, clip, _ = layer(language, mask.bool(), clip, clip_mask)
+        language, _ = self.xd.encode(ids, mask, _flat(batch["clip_ids"], 2), token_type_ids=types)
         scores = self.out(self.dropout(torch.tanh(self.pool(language[:, 0]))))
         return _unflat(scores, lead)
 

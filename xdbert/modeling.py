@@ -528,28 +528,45 @@ class XDBertModel(nn.Module):
             features = self.clip(clip_ids, mask)
         return features, mask.reshape(batch, n_blocks * context)
 
-    def _encode(self, bert_ids, bert_mask, clip_ids, output_attentions=False):
-        language = self.encoder(input_ids=bert_ids, attention_mask=bert_mask).last_hidden_state
+    def _encode(self, bert_ids, bert_mask, clip_ids, output_attentions=False, token_type_ids=None):
+        """(language, clip, clip_mask, attentions, kept): `kept` indexes the CLIP positions the cross layers
+        saw (None: all of them)."""
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}  # not every encoder takes them
+        language = self.encoder(input_ids=bert_ids, attention_mask=bert_mask, **types).last_hidden_state
         if not self.config.uses_clip:
-            return language, None, None, []
+            return language, None, None, [], None
         if clip_ids is None:
             raise ValueError("this model has cross layers: clip_ids are required")
         clip, clip_mask = self._clip_stream(clip_ids)
+        kept = None
+        used = clip_mask.any(dim=0)
+        if not output_attentions and bool(used.any()) and not bool(used.all()):  # (none used: nothing to gain)
+            # Positions that hold no token in any window of the batch are dropped before the cross layers:
+            # as keys they are masked and their own states are never read, so only the cost changes. A
+            # finetuning sentence fills about 20 of its block's 77 positions, so this is most of the work.
+            # Attention maps keep the full layout (the analyses index it by CLIP position).
+            kept = used.nonzero().squeeze(1)
+            clip, clip_mask = clip[:, kept], clip_mask[:, kept]
         language_mask = bert_mask.bool()
         attentions = []
         for layer in self.cross_layers:
             language, clip, probs = layer(language, language_mask, clip, clip_mask, output_attentions)
             attentions.append(probs)
-        return language, clip, clip_mask, attentions
+        return language, clip, clip_mask, attentions, kept
 
-    def encode(self, bert_ids: torch.Tensor, bert_mask: torch.Tensor, clip_ids: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def encode(self, bert_ids: torch.Tensor, bert_mask: torch.Tensor, clip_ids: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(language hidden states after the cross layers (B, L, H), CLIP stream states (B, n_blocks*77, W)).
 
         For finetuning the full model (paper Table 8) classify from `language[:, 0]`. Without cross
-        layers the CLIP states are None and the language states are the encoder's output.
+        layers the CLIP states are None and the language states are the encoder's output. CLIP positions
+        that hold no token in any window of the batch are zero.
         """
-        language, clip, _, _ = self._encode(bert_ids, bert_mask, clip_ids)
+        language, clip, _, _, kept = self._encode(bert_ids, bert_mask, clip_ids, token_type_ids=token_type_ids)
+        if kept is not None:
+            full = clip.new_zeros(clip.shape[0], clip_ids.shape[1] * clip_ids.shape[2], clip.shape[2])
+            full[:, kept] = clip
+            clip = full
         return language, clip
 
     def forward(self, bert_ids: torch.Tensor, bert_mask: torch.Tensor, clip_ids: torch.Tensor | None = None,
@@ -562,7 +579,7 @@ class XDBertModel(nn.Module):
         (per layer {"language": (B, heads, L, C), "clip": (B, clip_heads, C, L)}) if asked.
         Labels of objectives not in `config.losses` are ignored, so one batch format serves all variants.
         """
-        language, clip, _, attentions = self._encode(bert_ids, bert_mask, clip_ids, output_attentions)
+        language, clip, _, attentions, kept = self._encode(bert_ids, bert_mask, clip_ids, output_attentions)
         out: dict[str, Any] = {}
         total = []
         if self.mlm_head is not None and mlm_labels is not None:
@@ -575,7 +592,10 @@ class XDBertModel(nn.Module):
             out["match_correct"] = (logits.argmax(-1) == match_labels).sum().detach()
             total.append(out["match_loss"])
         if self.cliptc_head is not None and cliptc_labels is not None:
-            self._token_loss(out, "cliptc", self.cliptc_head, clip, cliptc_labels.reshape(clip.shape[:2]))
+            labels = cliptc_labels.reshape(clip.shape[0], -1)
+            if kept is not None:  # targets are real tokens, so none is at a dropped position
+                labels = labels[:, kept]
+            self._token_loss(out, "cliptc", self.cliptc_head, clip, labels)
             total.append(out["cliptc_loss"])
         if total:
             out["loss"] = torch.stack(total).sum()
