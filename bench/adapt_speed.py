@@ -16,7 +16,9 @@ Reported: language tokens per second of both, the overhead ratio, model FLOPs pe
 torch's FlopCounterMode) and, on a GPU, model FLOPs utilization and the projected time of one wiki103
 epoch (~800 optimizer steps of 256 windows, the paper's figures) against the paper's 35 minutes on 8 V100s.
 
-    python bench/adapt_speed.py [--sizes embedded|paper] [--batch 32] [--steps 5] [--threads 2]
+    python bench/adapt_speed.py [--sizes embedded|paper] [--batch 32] [--steps 5] [--threads 2] [--compile]
+
+`--compile` runs both models through torch.compile (the adapt stage itself runs eagerly).
 
 Writes bench/results/adapt_speed.md and .json.
 """
@@ -100,6 +102,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="torch.compile both models")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -129,11 +132,18 @@ def main() -> None:
 
     results = {}
     for name, model, loss_of in (("xdbert", xdbert, xdbert_loss), ("reference", reference, reference_loss)):
-        flops = step_flops(model, loss_of)
-        seconds = time_steps(model, loss_of, args.steps, args.warmup, device, bf16)
+        flops = step_flops(model, loss_of)  # counted eagerly: compiled graphs hide their ops from the counter
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        timed = torch.compile(model) if args.compile else model
+        seconds = time_steps(timed, loss_of, args.steps, args.warmup, device, bf16)
         results[name] = {"seconds_per_step": seconds, "tokens_per_second": batch_size * s["max_len"] / seconds,
                          "windows_per_second": batch_size / seconds, "flops_per_step": flops,
-                         "parameters": sum(p.numel() for p in model.parameters())}
+                         "parameters": sum(p.numel() for p in model.parameters()),
+                         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+        del timed
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         print(name, results[name], flush=True)
     overhead = results["xdbert"]["seconds_per_step"] / results["reference"]["seconds_per_step"]
 
@@ -146,7 +156,7 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     result = {
         "sizes": args.sizes, **s, "batch": batch_size, "steps_timed": args.steps, "device": gpu or "cpu",
-        "precision": "bf16 autocast" if bf16 else "fp32", "threads": args.threads, "load_average_1min": load,
+        "precision": "bf16 autocast" if bf16 else "fp32", "compiled": args.compile, "threads": args.threads, "load_average_1min": load,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "xdbert": results["xdbert"], "reference": results["reference"], "overhead": overhead,
     }
@@ -155,21 +165,22 @@ def main() -> None:
 
     x, r = results["xdbert"], results["reference"]
     mfu = lambda v: f"{v:.1%}" if v is not None else "n/a (CPU)"
+    gib = lambda r: f"{r['peak_memory_gib']:.1f} GiB" if r["peak_memory_gib"] is not None else "n/a (CPU)"
     md = f"""# Adaptation speed: XDBERT step vs BertForMaskedLM step
 
 Sizes `{args.sizes}`: encoder {s['encoder_config'] or 'BERT-base'} (vocabulary {s['vocab_size']}), CLIP `{s['clip']}`,
-max_len {s['max_len']}, {s['n_blocks']} CLIP blocks of 77, batch {batch_size} windows; {result['precision']} on
+max_len {s['max_len']}, {s['n_blocks']} CLIP blocks of 77, batch {batch_size} windows; {result['precision']}{', torch.compile' if args.compile else ', eager'} on
 {result['device']} ({result['machine']}, {args.threads} threads, 1-minute load average {load:.2f}); median of {args.steps} steps.
 
-| model | parameters | s/step | language tokens/s | model TFLOP/step | achieved TFLOP/s | MFU | one wiki103 epoch |
-| --- | --- | --- | --- | --- | --- | --- | --- |
-| XDBERT (MLM+MATCH+CLIPTC, CLIP tower, 2 cross layers) | {x['parameters']:,} | {x['seconds_per_step']:.3f} | {x['tokens_per_second']:,.0f} | {x['flops_per_step'] / 1e12:.3f} | {x['achieved_tflops']:.2f} | {mfu(x['mfu'])} | {x['wiki103_epoch_minutes']:.1f} min |
-| BertForMaskedLM (reference) | {r['parameters']:,} | {r['seconds_per_step']:.3f} | {r['tokens_per_second']:,.0f} | {r['flops_per_step'] / 1e12:.3f} | {r['achieved_tflops']:.2f} | {mfu(r['mfu'])} | {r['wiki103_epoch_minutes']:.1f} min |
+| model | parameters | s/step | language tokens/s | model TFLOP/step | achieved TFLOP/s | MFU | peak GPU memory | one wiki103 epoch |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| XDBERT (MLM+MATCH+CLIPTC, CLIP tower, 2 cross layers) | {x['parameters']:,} | {x['seconds_per_step']:.3f} | {x['tokens_per_second']:,.0f} | {x['flops_per_step'] / 1e12:.3f} | {x['achieved_tflops']:.2f} | {mfu(x['mfu'])} | {gib(x)} | {x['wiki103_epoch_minutes']:.1f} min |
+| BertForMaskedLM (reference) | {r['parameters']:,} | {r['seconds_per_step']:.3f} | {r['tokens_per_second']:,.0f} | {r['flops_per_step'] / 1e12:.3f} | {r['achieved_tflops']:.2f} | {mfu(r['mfu'])} | {gib(r)} | {r['wiki103_epoch_minutes']:.1f} min |
 
 **Overhead: {overhead:.2f}x** the reference's time per step (the CLIP tower on {s['n_blocks'] * 77} CLIP positions and
 the cross layers come on top of the same encoder). One wiki103 epoch = {WIKI103_WINDOWS:,} windows (the paper's ~800
 steps of 256); the paper took {PAPER_EPOCH_MINUTES} minutes on 8 V100s (goal on one H100: under 10 minutes).
-Timings on a shared machine vary from run to run; rerun with `python bench/adapt_speed.py --sizes {args.sizes}`.
+Timings on a shared machine vary from run to run; rerun with `python bench/adapt_speed.py --sizes {args.sizes}{' --compile' if args.compile else ''}`.
 """
     (args.out / "adapt_speed.md").write_text(md, encoding="utf-8")
     print(md)

@@ -1,9 +1,11 @@
 """Finetuning speed: this pipeline against a plain transformers `Trainer` set up like run_glue.py.
 
-Both finetune the same small random BERT (2 layers, 128 wide, WordPiece vocabulary trained on the
-task's training text) on the same task data, one run each, with the same epochs, batch size, learning
-rate, warmup, weight decay, seed and torch threads (default 1: how the pipeline runs each seed on a
-CPU; two threads on a busy 2-core machine spin and slow both sides down several-fold):
+Both finetune the same random BERT (`--size tiny`: 2 layers x 128, the CPU default; `--size base`:
+BERT-base, 12 x 768) with a WordPiece vocabulary trained on the task's training text, on the same task
+data, one run each, with the same epochs, batch size, learning rate, warmup, weight decay, seed and
+torch threads (default 1: how the pipeline runs each seed on a CPU; two threads on a busy 2-core
+machine spin and slow both sides down several-fold). On a GPU both use bf16 autocast (the Trainer
+through `bf16=True`, as run_glue.py's `--bf16`).
 
 - pipeline: `xdbert.finetuning` - dynamic padding, length-grouped batches, tokenized once.
 - Trainer:  run_glue.py's defaults - every example padded to max_length 128, shuffled batches,
@@ -11,10 +13,13 @@ CPU; two threads on a busy 2-core machine spin and slow both sides down several-
 
 Reported: training examples per second (examples x epochs / training wall time) of both, the ratio,
 evaluation time, and the dev metric of each (they must be about equal: same model, same recipe;
-batch composition differs, so not bit-equal). Task data comes from data/tasks when the `tasks`
+batch composition differs, so not bit-equal). On a GPU also the projected cost of the paper's whole
+Table 1 grid: the pipeline's examples/s for BERT-base and BERT-large sized encoders on examples that
+fill all 128 positions (an upper bound: real GLUE examples are shorter and dynamic padding only
+gains), times the GLUE/SWAG/READ training sizes, 3 epochs and 5 seeds (9 for RTE). Task data comes from data/tasks when the `tasks`
 stage has run, else it is generated here with the tasks library (same sizes as params.yaml).
 
-    python bench/finetune_speed.py [--task rte] [--epochs 5] [--lr 1e-3] [--threads 1]
+    python bench/finetune_speed.py [--task rte] [--size tiny|base] [--epochs 5] [--lr 1e-3] [--threads 1]
 
 Writes bench/results/finetune_speed.md and .json.
 """
@@ -28,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 
 from xdbert import finetune_data as fd
@@ -38,6 +44,15 @@ from xdbert.tasks.metrics import compute_metrics
 from xdbert.tasks.registry import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
+SIZES = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512},
+         "base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+         "large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}}
+# Training examples of the real tasks (the hubs' train splits; SWAG counts its 4 endings as 4 sequences).
+PAPER_TRAIN_SIZES = {"rte": 2490, "mrpc": 3668, "stsb": 5749, "cola": 8551, "sst2": 67349, "qnli": 104743,
+                     "qqp": 363846, "mnli": 392702, "swag": 73546 * 4, "read": 2834}
+# Table 1's finetuned rows: 2 base encoders x (plain, XD) on 9 tasks, 2 large rows on all 10 (READ is
+# reported for ELECTRA-large only); CLIP-T's 4 small tasks are negligible beside them.
+TABLE1_ROWS = {"base": (4, [t for t in PAPER_TRAIN_SIZES if t != "read"]), "large": (2, list(PAPER_TRAIN_SIZES))}
 
 
 def load_tables(task: str) -> tuple[dict, str]:
@@ -50,8 +65,8 @@ def load_tables(task: str) -> tuple[dict, str]:
     return generate_task(task, size, dev, seed), f"generated here (train {size}, dev {dev}, seed {seed})"
 
 
-def build_tiny_bert(directory: Path, tables: dict, spec) -> None:
-    """A random BERT (2 x 128) and a WordPiece vocabulary trained on the training text, save_pretrained."""
+def build_bert(directory: Path, tables: dict, spec, size: str) -> None:
+    """A random BERT of `size` and a WordPiece vocabulary trained on the training text, save_pretrained."""
     from transformers import BertConfig, BertModel
 
     from xdbert.tokenization import train_wordpiece
@@ -59,19 +74,18 @@ def build_tiny_bert(directory: Path, tables: dict, spec) -> None:
     first, second, _ = fd.sentences(spec, tables["train"])
     tokenizer = train_wordpiece(first + (second or []), vocab_size=4000, model_max_length=128)
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=512, max_position_embeddings=128)
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, **SIZES[size])
     BertModel(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
 
 def run_pipeline(model_dir: Path, spec, tables: dict, args) -> dict:
     settings = ft.FinetuneSettings(lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, max_len=128,
-                                   warmup_ratio=0.1, weight_decay=0.01, precision="no")
+                                   warmup_ratio=0.1, weight_decay=0.01, precision="auto")
     t0 = time.time()
     job = ft.prepare("encoder", model_dir, spec, tables, settings)
     tokenize_seconds = time.time() - t0
-    (run,) = ft.run_seeds(job, [args.seed], workers=1)
+    (run,) = ft.run_seeds(job, [args.seed], workers=1)  # on the GPU when there is one
     split = spec.dev_splits[0]
     return {"train_seconds": run["train_seconds"], "eval_seconds": run["eval_seconds"], "tokenize_seconds": tokenize_seconds,
             "metric": run["metrics"][split][spec.metric], "metrics": run["metrics"][split],
@@ -101,8 +115,8 @@ def run_trainer(model_dir: Path, spec, tables: dict, args, work: Path) -> dict:
     targs = TrainingArguments(
         output_dir=str(work / "trainer"), per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=128,
         learning_rate=args.lr, num_train_epochs=args.epochs, warmup_steps=0.1, weight_decay=0.01, seed=args.seed,
-        lr_scheduler_type="linear", save_strategy="no", logging_strategy="no", report_to="none", use_cpu=True,
-        disable_tqdm=True)
+        lr_scheduler_type="linear", save_strategy="no", logging_strategy="no", report_to="none",
+        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), disable_tqdm=True)
     trainer = Trainer(model=model, args=targs, train_dataset=train)
     t0 = time.time()
     trainer.train()
@@ -118,9 +132,33 @@ def run_trainer(model_dir: Path, spec, tables: dict, args, work: Path) -> dict:
             "train_tokens_padded": len(train) * 128, "train_tokens_real": None}
 
 
+def project_grid(spec, tables: dict, args, work: Path) -> dict:
+    """Pipeline examples/s of base and large encoders on full-length (128-token) examples, and the hours
+    of Table 1's grid at those rates (GPU only)."""
+    long = tables["train"].slice(0, 32 * 20)
+    for column in ("text_a", "text_b"):
+        if column in long.column_names and long.column(column).null_count < long.num_rows:
+            texts = [" ".join([t] * 40) for t in long.column(column).to_pylist()]  # truncated at 128 tokens
+            long = long.set_column(long.column_names.index(column), column, pa.array(texts))
+    settings = ft.FinetuneSettings(lr=1e-5, epochs=1, batch_size=32, max_len=128, warmup_ratio=0.1,
+                                   weight_decay=0.01, precision="auto")
+    rates = {}
+    for size in ("base", "large"):
+        build_bert(work / size, tables, spec, size)
+        job = ft.prepare("encoder", work / size, spec, {"train": long, spec.dev_splits[0]: long.slice(0, 32)}, settings)
+        ft.train_seed(job, args.seed, "cuda")  # warm-up: kernels, allocator
+        run = ft.train_seed(job, args.seed, "cuda")
+        rates[size] = long.num_rows / run["train_seconds"]
+    hours = {size: n_rows * sum(PAPER_TRAIN_SIZES[t] * 3 * (9 if t == "rte" else 5) for t in tasks) / rates[size] / 3600
+             for size, (n_rows, tasks) in TABLE1_ROWS.items()}
+    return {"examples_per_second_at_128": rates, "table1_gpu_hours_upper_bound": hours,
+            "table1_gpu_hours_total": sum(hours.values())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="rte")
+    ap.add_argument("--size", choices=("tiny", "base"), default="tiny", help="the encoder finetuned by both")
     ap.add_argument("--epochs", type=int, default=5, help="5: the tiny random BERT learns RTE's stand-in in 5, not 3")
     ap.add_argument("--lr", type=float, default=1e-3, help="tiny random-init models need far more than the paper's 1e-4")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -137,19 +175,24 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        build_tiny_bert(work / "bert", tables, spec)
+        build_bert(work / "bert", tables, spec, args.size)
+        if torch.cuda.is_available():  # CUDA context, cuBLAS and kernel start-up, paid once by neither side's timing
+            run_pipeline(work / "bert", spec, {k: t.slice(0, 64) for k, t in tables.items()}, args)
         ours = run_pipeline(work / "bert", spec, tables, args)
         ref = run_trainer(work / "bert", spec, tables, args, work)
+        grid = project_grid(spec, tables, args, work) if torch.cuda.is_available() else None
     for r in (ours, ref):
         r["examples_per_second"] = n_train * args.epochs / r["train_seconds"]
     ratio = ours["examples_per_second"] / ref["examples_per_second"]
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    device = f"{torch.cuda.get_device_name(0)}, bf16 autocast" if torch.cuda.is_available() else "CPU, fp32"
     result = {
         "task": args.task, "data": source, "train_examples": n_train, "dev_examples": tables[spec.dev_splits[0]].num_rows,
         "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "threads": args.threads,
-        "model": "random BERT, 2 layers x 128, 2 heads, WordPiece 4000", "metric": spec.metric,
-        "pipeline": ours, "trainer": ref, "speedup": ratio, "load_average_1min": load,
+        "model": f"random BERT {args.size} ({SIZES[args.size]['num_hidden_layers']} layers x {SIZES[args.size]['hidden_size']}), WordPiece 4000",
+        "metric": spec.metric, "device": device, "pipeline": ours, "trainer": ref, "speedup": ratio,
+        "table1_projection": grid, "load_average_1min": load,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -159,7 +202,7 @@ def main() -> None:
 
 Task `{args.task}` ({source}): {n_train} training / {result['dev_examples']} dev examples; {result['model']};
 {args.epochs} epochs, batch {args.batch_size}, lr {args.lr}, warmup 0.1, weight decay 0.01, seed {args.seed},
-{args.threads} torch threads, CPU ({result['machine']}; 1-minute load average at the end {load:.2f}).
+{args.threads} torch threads, {device} ({result['machine']}; 1-minute load average at the end {load:.2f}).
 
 | | train examples/s | train s | eval s | tokenize s | dev {spec.metric} |
 | --- | --- | --- | --- | --- | --- |
@@ -169,7 +212,18 @@ Task `{args.task}` ({source}): {n_train} training / {result['dev_examples']} dev
 **Speed-up: {ratio:.2f}x** training examples per second (goal: at least 2x).
 The pipeline's batches hold {pad:.3f} padded tokens per real token; the Trainer's
 {ref['train_tokens_padded'] / ours['train_tokens_real']:.2f}. The dev metrics differ only through batch composition and order.
-Timings on a shared machine vary from run to run; rerun with `python bench/finetune_speed.py`.
+Timings on a shared machine vary from run to run; rerun with `python bench/finetune_speed.py --size {args.size}`.
+"""
+    if grid:
+        r, h = grid["examples_per_second_at_128"], grid["table1_gpu_hours_upper_bound"]
+        md += f"""
+## Projected cost of the paper's Table 1 grid on this GPU
+
+Pipeline throughput on examples that fill all 128 positions (batch 32, bf16): BERT-base sized {r['base']:,.0f}
+examples/s, BERT-large sized {r['large']:,.0f} examples/s. Table 1 finetunes 4 base rows on 9 tasks and 2 large
+rows on 10, 3 epochs, 5 seeds (RTE 9), over the real training sizes ({sum(PAPER_TRAIN_SIZES.values()):,} examples
+per pass of all ten tasks). Upper bound (every example 128 tokens): base rows {h['base']:.1f} GPU-hours, large rows
+{h['large']:.1f} GPU-hours, **{grid['table1_gpu_hours_total']:.1f} GPU-hours in all** on one {torch.cuda.get_device_name(0)}.
 """
     (args.out / "finetune_speed.md").write_text(md)
     print(md)
