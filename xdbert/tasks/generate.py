@@ -465,8 +465,9 @@ def _qnli_sentence(ev: Event, show: set[str], rng: random.Random) -> str:
 
 
 def gen_qnli(rng: random.Random, label: int) -> Row:
-    """0 = the sentence answers the question (same event, asked slot present); 1 = it does not
-    (the asked slot is missing, or the sentence is about another event)."""
+    """0 = the sentence answers the question (same event, asked slot present); 1 = it does not: the
+    asked slot is missing, the sentence is about a nearly identical event, or (as most of QNLI's
+    negatives, other sentences of the same Wikipedia paragraph) about an unrelated event."""
     qtype = rng.choice(list(_QNLI_SLOTS))
     slot = _QNLI_SLOTS[qtype]
     ev = random_event(rng, year_p=1.0, count_p=1.0 if qtype == "howmany" else 0.3)
@@ -475,10 +476,15 @@ def gen_qnli(rng: random.Random, label: int) -> Row:
     # the subject identifies the event, so it is always said, except where it is the asked slot
     show = {s for s in optional if rng.random() < 0.5} | ({"subj"} if slot != "subj" else set())
     told = ev
-    if label == 0 or rng.random() < 0.3:
+    r = rng.random()
+    if label == 0 or r >= 0.4:
         show.add(slot)
-        if label == 1:  # another event: same kind of answer, wrong thing
+        if label == 1 and r < 0.6:  # another event: same kind of answer, wrong thing
             told = change(ev, rng.choice(["verb", "obj"]), rng)
+        elif label == 1:  # an unrelated event of the same paragraph: other subject, action and thing
+            told = random_event(rng, year_p=1.0, count_p=1.0 if qtype == "howmany" else 0.3)
+            while told.subj == ev.subj or told.obj == ev.obj or told.verb == ev.verb:
+                told = random_event(rng, year_p=1.0, count_p=1.0 if qtype == "howmany" else 0.3)
     # without "subj" in `show` the sentence is an agentless passive: "who" has no answer
     return reword(question, rng, 0.3), reword(_qnli_sentence(told, show, rng), rng, 0.3), None, label
 
@@ -526,9 +532,11 @@ def gen_qqp(rng: random.Random, label: int) -> Row:
     if label == 1 and r < 0.15:  # both ask the narrower question
         t1, t2 = t1[:-1] + constraint + "?", t2[:-1] + constraint + "?"
     if label == 0:
-        if r < 0.35:
+        if r < 0.35:  # another intent; half of the time about another thing too, as most of QQP's non-duplicates
             intent2 = rng.choice([i for i in _QQP if i != intent])
             t2 = rng.choice(_QQP[intent2])
+            if r < 0.175:
+                slots2 = _qqp_slots(rng)
         elif r < 0.65:  # the second question asks for more: a different question on Quora
             t2 = t2[:-1] + constraint + "?"
         else:
