@@ -423,3 +423,8 @@ def test_full_and_clip_kinds_finetune_end_to_end(crossmodal_dirs, bert_dir, kind
     assert pred.shape == (12,) and np.isfinite(run["last_epoch_loss"])
     again = ft.train_seed(job, 0)
     np.testing.assert_array_equal(pred, again["predictions"]["dev"])
+
+
+def test_full_kind_without_a_tokenizer_folder_names_it(crossmodal_dirs):
+    with pytest.raises(PipelineError, match="pass tokenizer_dir"):
+        ft.prepare("full", crossmodal_dirs / "full", get_task("sst2"), keyword_tables("sst2", 8, 4), settings())

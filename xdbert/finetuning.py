@@ -365,8 +365,10 @@ def prepare(kind: str, model_path: str | Path, spec: TaskSpec, tables: dict, set
         raise PipelineError(f"unknown model kind {kind!r}; allowed: {', '.join(KINDS)}")
     model_path = Path(model_path)
     data: dict[str, fd.Encoded] = {}
+    if kind == "full" and tokenizer_dir is None:
+        raise PipelineError("the full cross-modal model keeps no tokenizer: pass tokenizer_dir (models/tokenizer)")
     if kind in ("encoder", "full"):
-        tok_dir = model_path if kind == "encoder" else Path(tokenizer_dir or "")
+        tok_dir = model_path if kind == "encoder" else Path(tokenizer_dir)
         try:
             tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         except (OSError, ValueError) as e:
