@@ -99,15 +99,19 @@ def main() -> None:
     from xdbert import finetuning as ft
 
     tables = fd.read_task(TASK_DIR, task)
+    jobs = []
     for kind, name, run_name in runs:
         model_dir = Path(KINDS[kind][0].format(name))
         job = ft.prepare(kind, model_dir, task, tables, ft.FinetuneSettings(lr=0.0, **settings), tokenizer_dir=TOKENIZER_DIR)
         # Table 5: the rate depends on the task and on the model's size, known once its config is read
         job.settings = dataclasses.replace(job.settings, lr=ft.learning_rate(f["lr"], task, ft.size_of(job.width)))
-        results = ft.run_seeds(job, seeds[task.name], workers)
+        jobs.append(job)
+    # Every (model, seed) of the task goes to one pool: no worker idles while another finishes its share.
+    all_results = ft.run_grid([(job, seeds[task.name]) for job in jobs], workers)
+    for (_, name, run_name), job, results in zip(runs, jobs, all_results):
         out = Path("results/finetune") / task.name / run_name
         metrics = ft.write_results(out, job, results, {
-            "run": run_name, "model": name, "model_path": str(model_dir), "profile": p["profile"],
+            "run": run_name, "model": name, "model_path": job.model_path, "profile": p["profile"],
             "seeds_list": seeds[task.name], "workers": workers, "lr_table": f["lr"],
         })
         print(f"finetune {task.name} {run_name}: median {task.metric} {metrics['headline']} over {len(results)} seeds -> {out}")

@@ -155,6 +155,22 @@ def test_worker_pool_gives_the_same_results_as_one_process(bert_dir):
         assert a["first_epoch_loss"] == pytest.approx(b["first_epoch_loss"], rel=1e-6)
 
 
+def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir):
+    # Runs of several jobs share one pool and finish in any order; each job must get its own seeds back.
+    sst2 = ft.prepare("encoder", bert_dir, get_task("sst2"), keyword_tables("sst2", 64, 32), settings(epochs=1))
+    stsb = ft.prepare("encoder", bert_dir, get_task("stsb"), keyword_tables("stsb", 48, 32), settings(epochs=1))
+    work = [(sst2, [3, 1]), (stsb, [2]), (sst2, [4])]
+    pooled = ft.run_grid(work, workers=2)
+    assert [[r["seed"] for r in rs] for rs in pooled] == [[3, 1], [2], [4]]
+    for (job, seeds), results in zip(work, pooled):
+        for seed, r in zip(seeds, results):
+            alone = ft.train_seed(job, seed)
+            assert set(r["metrics"]["dev"]) == set(alone["metrics"]["dev"])  # stsb: pearson, spearman; sst2: accuracy
+            np.testing.assert_array_equal(r["predictions"]["dev"], alone["predictions"]["dev"])
+    with pytest.raises(PipelineError, match="no seeds"):
+        ft.run_grid([(sst2, [0]), (stsb, [])], workers=2)
+
+
 def test_nan_loss_stops_with_pipeline_error(bert_dir, monkeypatch):
     spec = get_task("sst2")
     job = ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2", 32, 16), settings(epochs=1))

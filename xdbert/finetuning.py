@@ -10,7 +10,7 @@ Read top to bottom:
    - `clip`: CLIP's text tower alone (Table 1's CLIP-T row), see `ClipTowerClassifier`.
    - `full`: the whole cross-modal model (Table 8), see `FullModelClassifier`.
 3. `parameter_groups` - AdamW groups with the optional layer-wise learning-rate decay.
-4. `prepare`, `train_seed`, `run_seeds` - tokenize once, train each seed, spread seeds over workers.
+4. `prepare`, `train_seed`, `run_grid` - tokenize once, train each seed, spread all runs over one pool.
 5. `results`, `write_results` - per-seed metrics, medians over seeds, per-example predictions.
 
 Randomness is a pure function of the seed: the new head's initial weights, the batch order of each
@@ -514,17 +514,27 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
             "seconds": round(time.time() - t0, 3)}
 
 
-def _worker(job: Job, seeds: list[int], device: str, threads: int) -> list[dict]:
+_worker_device = "cpu"  # set in each pool worker by `_init_worker`
+_worker_jobs: list[Job] = []
+
+
+def _init_worker(jobs: list[Job], devices, threads: int) -> None:
+    """Pool worker start: take the jobs once (inherited under fork, pickled once under spawn), claim a device."""
+    global _worker_device, _worker_jobs
+    _worker_jobs, _worker_device = jobs, devices.get()
     if threads:
         torch.set_num_threads(threads)
-    return [train_seed(job, seed, device) for seed in seeds]
 
 
-def plan_workers(seeds: list[int], workers: int | str) -> list[tuple[str, list[int], int]]:
-    """(device, seeds, torch threads) per worker.
+def _train_in_worker(index: int, seed: int) -> dict:
+    return train_seed(_worker_jobs[index], seed, _worker_device)
+
+
+def plan_workers(n_runs: int, workers: int | str) -> tuple[list[str], int]:
+    """(device of each worker, torch threads per worker; 0 = leave torch's setting alone).
 
     GPUs: one worker per GPU (at most `workers` when it is a number). CPU: `workers` processes
-    (auto = one per core, at most one per seed), the cores split evenly between them; small models
+    (auto = one per core, at most one per run), the cores split evenly between them; small models
     train faster as several one-thread processes than as one process with several threads.
     """
     n_gpus = torch.cuda.device_count()
@@ -533,28 +543,49 @@ def plan_workers(seeds: list[int], workers: int | str) -> list[tuple[str, list[i
         n = n_gpus if workers == "auto" else min(int(workers), n_gpus)
     else:
         n = cores if workers == "auto" else int(workers)
-    n = max(1, min(n, len(seeds)))
+    n = max(1, min(n, n_runs))
     devices = [f"cuda:{i}" for i in range(n)] if n_gpus else ["cpu"] * n
-    threads = 0 if n_gpus or n == 1 else max(1, cores // n)  # 0: leave torch's setting alone
-    return [(devices[i], seeds[i::n], threads) for i in range(n)]
+    return devices, (0 if n_gpus or n == 1 else max(1, cores // n))
+
+
+def _cost(job: Job) -> tuple[int, int]:
+    """Sort key, largest first: the full model costs several encoders, then the training tokens decide."""
+    train = job.data["train"]
+    size = sum(int(r.offsets[-1]) for r in train.inputs.values()) + (0 if train.clip_ids is None else train.clip_ids.size)
+    return ({"full": 2, "clip": 1}.get(job.kind, 0), size)
+
+
+def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = 1) -> list[list[dict]]:
+    """`train_seed` for every (job, seed) of `work`; per job, its results in seed order.
+
+    All runs share one pool and a free worker takes the next run, longest first, so no worker waits
+    while another still has several seeds of its share to go (a task's runs differ up to 5x in cost).
+    """
+    runs = [(i, seed) for i, (_, seeds) in enumerate(work) for seed in seeds]
+    if any(not seeds for _, seeds in work):
+        raise PipelineError("no seeds to run: `finetune.seeds` (and `finetune.rte_seeds` for RTE) must list at least one")
+    jobs = [job for job, _ in work]
+    devices, threads = plan_workers(len(runs), workers)
+    if len(devices) == 1:
+        done = {(i, seed): train_seed(jobs[i], seed, devices[0]) for i, seed in runs}
+    else:
+        # fork shares the tokenized data without copying; CUDA cannot be used after a fork, so GPUs spawn.
+        context = multiprocessing.get_context("spawn" if devices[0].startswith("cuda") else "fork")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the parent's tokenizer is not used after the fork
+        free_devices = context.Queue()
+        for device in devices:
+            free_devices.put(device)
+        runs.sort(key=lambda run: _cost(jobs[run[0]]), reverse=True)
+        with futures.ProcessPoolExecutor(len(devices), mp_context=context, initializer=_init_worker,
+                                         initargs=(jobs, free_devices, threads)) as pool:
+            pending = {run: pool.submit(_train_in_worker, *run) for run in runs}
+            done = {run: f.result() for run, f in pending.items()}
+    return [[done[(i, seed)] for seed in seeds] for i, (_, seeds) in enumerate(work)]
 
 
 def run_seeds(job: Job, seeds: list[int], workers: int | str = 1) -> list[dict]:
-    """`train_seed` for every seed, in this process or spread over a process pool; results in seed order."""
-    if not seeds:
-        raise PipelineError("no seeds to run: `finetune.seeds` (and `finetune.rte_seeds` for RTE) must list at least one")
-    plan = plan_workers(list(seeds), workers)
-    if len(plan) == 1:
-        device, chunk, threads = plan[0]
-        return _worker(job, chunk, device, threads)
-    # fork shares the tokenized data without copying; CUDA cannot be used after a fork, so GPUs spawn.
-    method = "spawn" if plan[0][0].startswith("cuda") else "fork"
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the parent's tokenizer is not used after the fork
-    with futures.ProcessPoolExecutor(len(plan), mp_context=multiprocessing.get_context(method)) as pool:
-        parts = [pool.submit(_worker, job, chunk, device, threads) for device, chunk, threads in plan]
-        done = [r for p in parts for r in p.result()]
-    by_seed = {r["seed"]: r for r in done}
-    return [by_seed[s] for s in seeds]
+    """`train_seed` for every seed of one job (see `run_grid`); results in seed order."""
+    return run_grid([(job, list(seeds))], workers)[0]
 
 
 # ----------------------------------------------------------------------------------------------------
