@@ -19,7 +19,7 @@ def main() -> None:
     import pandas as pd
 
     from xdbert import reports
-    from xdbert.aggregate import cell, paired_bootstrap, read_predictions
+    from xdbert.aggregate import bootstrap_replicates, cell, compare, read_predictions
     from xdbert.tasks.registry import get_task
 
     all_tasks = [t for t in reports.COLUMN if t in tasks["names"]]
@@ -31,8 +31,16 @@ def main() -> None:
             preds[run_name, task] = read_predictions(RESULTS / task / run_name / "predictions.parquet")
         return preds[run_name, task]
 
+    replicates: dict = {}
+
+    def resampled(run_name: str, task: str):
+        # Each (run, task) is resampled once: the baseline and xdbert appear in all three tables.
+        if (run_name, task) not in replicates:
+            replicates[run_name, task] = bootstrap_replicates(load(run_name, task), task, n_boot, agg["seed"])
+        return replicates[run_name, task]
+
     def deltas(runs: dict[str, str], task_list: list[str]) -> dict:
-        return {label: {t: paired_bootstrap(load(r, t), load("baseline", t), t, n_boot, agg["seed"]) for t in task_list}
+        return {label: {t: compare(resampled(r, t), resampled("baseline", t)) for t in task_list}
                 for label, r in runs.items() if r != "baseline"}
 
     paper = p["profile"] == "paper"

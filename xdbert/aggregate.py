@@ -62,6 +62,50 @@ def cell(preds: pd.DataFrame, task: str, split: str | None = None) -> Cell:
     return Cell(task, split, per_seed, medians)
 
 
+@dataclass
+class Replicates:
+    """One model's headline metric (median over seeds) on the whole dev split and on each resample."""
+
+    task: str
+    idx: pd.Index             # dev example ids, sorted
+    point: float
+    resampled: np.ndarray     # (n_boot,)
+
+
+def bootstrap_replicates(preds: pd.DataFrame, task: str, n_boot: int, seed: int = 0, split: str | None = None) -> Replicates:
+    """The median-over-seeds metric on `n_boot` resamples of the dev examples drawn from `seed`.
+
+    Every model of a task is resampled with the same seed over the same sorted examples, so two
+    models' replicates are paired: a table computes each model's replicates once and compares any two.
+    """
+    spec = get_task(task)
+    split = split or headline_split(task)
+    rows = preds[preds["split"] == split]
+    table = rows.pivot(index="idx", columns="seed", values="prediction").sort_index()
+    labels = rows.drop_duplicates("idx").set_index("idx").sort_index()["label"].to_numpy()
+    columns = [table[s].to_numpy() for s in table.columns]
+
+    def med(idx):
+        return float(np.median([compute_metrics(task, pred[idx], labels[idx])[spec.metric] for pred in columns]))
+
+    rng = np.random.default_rng(seed)
+    n = len(labels)
+    resampled = np.array([med(rng.integers(0, n, n)) for _ in range(n_boot)])
+    return Replicates(task, table.index, med(np.arange(n)), resampled)
+
+
+def compare(ours: Replicates, base: Replicates) -> dict:
+    """95% paired-bootstrap interval of ours - base (see `bootstrap_replicates`)."""
+    if not ours.idx.equals(base.idx) or len(ours.resampled) != len(base.resampled):
+        raise PipelineError(f"{ours.task}: the two models' predictions cover different dev examples; rerun both finetunes")
+    diffs = ours.resampled - base.resampled
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    delta = ours.point - base.point
+    better = delta > 0 if get_task(ours.task).higher_is_better else delta < 0
+    return {"delta": delta, "ci_low": float(lo), "ci_high": float(hi), "n_boot": len(diffs),
+            "significant": bool(lo > 0 or hi < 0), "ours_better": bool(better)}
+
+
 def paired_bootstrap(
     ours: pd.DataFrame, base: pd.DataFrame, task: str, n_boot: int, seed: int = 0, split: str | None = None,
 ) -> dict:
@@ -70,31 +114,4 @@ def paired_bootstrap(
     The same resampled examples are used for both models and every seed (a paired bootstrap), so the
     interval reflects how much the difference depends on which dev examples happen to be in the set.
     """
-    spec = get_task(task)
-    split = split or headline_split(task)
-
-    def table(preds):
-        p = preds[preds["split"] == split].pivot(index="idx", columns="seed", values="prediction").sort_index()
-        return p
-
-    a, b = table(ours), table(base)
-    if not a.index.equals(b.index):
-        raise PipelineError(f"{task}: the two models' predictions cover different dev examples; rerun both finetunes")
-    labels = ours[(ours["split"] == split)].drop_duplicates("idx").set_index("idx").sort_index()["label"].to_numpy()
-    rng = np.random.default_rng(seed)
-    n = len(labels)
-
-    def med(pred_table, idx):
-        return float(np.median([compute_metrics(task, pred_table[s].to_numpy()[idx], labels[idx])[spec.metric] for s in pred_table.columns]))
-
-    everything = np.arange(n)
-    diffs = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, n, n)
-        diffs.append(med(a, idx) - med(b, idx))
-    lo, hi = np.percentile(diffs, [2.5, 97.5])
-    delta = med(a, everything) - med(b, everything)
-    better = delta > 0 if spec.higher_is_better else delta < 0
-    excludes_zero = lo > 0 or hi < 0
-    return {"delta": delta, "ci_low": float(lo), "ci_high": float(hi), "n_boot": n_boot,
-            "significant": bool(excludes_zero), "ours_better": bool(better)}
+    return compare(bootstrap_replicates(ours, task, n_boot, seed, split), bootstrap_replicates(base, task, n_boot, seed, split))

@@ -1,0 +1,42 @@
+"""The paired bootstrap behind the tables' Δ rows."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from xdbert.aggregate import bootstrap_replicates, compare, paired_bootstrap
+from xdbert.errors import PipelineError
+
+
+def predictions(correct: np.ndarray, seeds=(0, 1, 2), idx: np.ndarray | None = None) -> pd.DataFrame:
+    """RTE-style predictions: label 1 everywhere, prediction right where `correct` is True (every seed)."""
+    n = len(correct)
+    idx = np.arange(n) if idx is None else idx
+    return pd.concat([pd.DataFrame({"split": "dev", "idx": idx, "seed": s, "label": 1,
+                                    "prediction": correct.astype(int)}) for s in seeds], ignore_index=True)
+
+
+def test_same_predictions_give_zero_and_better_ones_a_significant_gain():
+    rng = np.random.default_rng(0)
+    half = rng.random(200) < 0.5
+    base = predictions(half)
+    same = paired_bootstrap(base, base, "rte", n_boot=50)
+    assert same["delta"] == 0 and same["ci_low"] == 0 and same["ci_high"] == 0 and not same["significant"]
+
+    better = predictions(half | (rng.random(200) < 0.5))  # right wherever the baseline is, and more
+    gain = better["prediction"].mean() - half.mean()
+    d = paired_bootstrap(better, base, "rte", n_boot=50)
+    assert gain > 0 and d["delta"] == pytest.approx(gain)
+    assert d["ci_low"] > 0 and d["significant"] and d["ours_better"]
+
+
+def test_cached_replicates_give_the_same_interval_and_refuse_other_examples():
+    rng = np.random.default_rng(1)
+    a, b = predictions(rng.random(100) < 0.7), predictions(rng.random(100) < 0.5)
+    direct = paired_bootstrap(a, b, "rte", n_boot=40, seed=3)
+    ra, rb = bootstrap_replicates(a, "rte", 40, 3), bootstrap_replicates(b, "rte", 40, 3)
+    assert compare(ra, rb) == direct
+    other = bootstrap_replicates(predictions(rng.random(100) < 0.5, idx=np.arange(100) + 1), "rte", 40, 3)
+    with pytest.raises(PipelineError, match="different dev examples"):
+        compare(ra, other)
