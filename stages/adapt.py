@@ -58,7 +58,7 @@ def main() -> None:
     from dvclive import Live
     from transformers import AutoTokenizer
 
-    from xdbert import modeling, shards
+    from xdbert import modeling, pretraining, shards
     from xdbert.adaptation import AdaptSettings, BatchMaker, adapt
     from xdbert.clip import clip_special_ids
 
@@ -70,7 +70,7 @@ def main() -> None:
 
     torch.manual_seed(m["seed"])  # every variant starts from the same initial weights
     config = modeling.XDBertConfig(
-        encoder=m["encoder"], encoder_config=m.get("encoder_config") or {}, vocab_size=len(tok),
+        encoder=pretraining.encoder_source(m), encoder_config=m.get("encoder_config") or {}, vocab_size=len(tok),
         clip=m["clip"], clip_pretrained=m["clip_pretrained"], clip_heads=s["clip_heads"],
         clip_blocks=manifest["n_blocks"], cross_layers=s["cross_layers"], losses=s["losses"],
         placeholder=s["placeholder"], clip_eot_id=eot)

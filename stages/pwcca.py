@@ -2,13 +2,13 @@
 
     params: profile, model.{encoder, encoder_config, clip, clip_pretrained, seed},
             pwcca.{electra, clip_tower, pairs, eps, weight_by, min_words_ratio, seed}
-    deps:   models/tokenizer (the language encoder's vocabulary)
+    deps:   models/tokenizer (the language encoder's vocabulary), models/pretrained/encoder
     outs:   reports/table2.md, results/pwcca.json
 
 Systems: `encoder` (the ORIGINAL language encoder, before adaptation), `electra` (a second encoder,
 `pwcca.electra`), `clip` (CLIP-T's token embedding) and `random` (uniform noise shaped like the
-encoder's rows). Random-init models are rebuilt exactly as the adapt stage starts from them:
-`torch.manual_seed(model.seed)`, then the encoder, then the CLIP tower. Every pair is compared over
+encoder's rows). Models are rebuilt exactly as the adapt stage starts from them:
+`torch.manual_seed(model.seed)`, then the encoder (for `random:<type>` the pretrain_encoder stand-in), then the CLIP tower. Every pair is compared over
 ONE word set: the whole lowercase words present in every vocabulary the pairs involve.
 """
 from __future__ import annotations
@@ -60,6 +60,7 @@ def main() -> None:
     import numpy as np
     import torch
 
+    from xdbert import pretraining
     from xdbert.analysis import pwcca as W
     from xdbert.clip import clip_tokenizer
     from xdbert.modeling import CLIPTextTower, build_language_encoder
@@ -70,7 +71,7 @@ def main() -> None:
     vocab = tokenizer.get_vocab()
     # Same order and seed as the adapt stage: encoder first, then the CLIP tower.
     torch.manual_seed(m["seed"])
-    encoder = build_language_encoder(m["encoder"], m.get("encoder_config"), vocab_size=len(vocab))
+    encoder = build_language_encoder(pretraining.encoder_source(m), m.get("encoder_config"), vocab_size=len(vocab))
     matrices = {"encoder": encoder.get_input_embeddings().weight.detach().double().numpy()}
     words = {"encoder": W.wordpiece_words(vocab)}
     if "clip" in used:

@@ -41,7 +41,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """A folder as the corpus and tokenize stages leave it: data/corpus, data/shards, models/tokenizer."""
+    """A folder as the corpus, tokenize and pretrain_encoder stages leave it: data/corpus, data/shards,
+    models/tokenizer and models/pretrained/encoder (a random tiny BERT: these tests do not need it trained)."""
     root = tmp_path_factory.mktemp("repo")
     corpus.write_corpus(corpus.generate_corpus(6, 12, seed=0), root / "data" / "corpus")
     settings = tokenization.Settings(vocab_size=300, max_len=32, n_blocks=1, shard_windows=32, max_overflow=0.1,
@@ -49,6 +50,9 @@ def repo(tmp_path_factory) -> Path:
     tokenization.build(corpus_dir=root / "data" / "corpus", shard_dir=root / "data" / "shards",
                        tokenizer_dir=root / "models" / "tokenizer", encoder="random:bert", clip_name=CLIP,
                        settings=settings, positions=TINY_BERT["max_position_embeddings"])
+    vocab_size = len(AutoTokenizer.from_pretrained(str(root / "models" / "tokenizer")))
+    torch.manual_seed(0)
+    modeling.build_masked_lm("random:bert", TINY_BERT, vocab_size).save_pretrained(root / "models" / "pretrained" / "encoder")
     return root
 
 
@@ -275,6 +279,7 @@ def stage_folder(cwd: Path, repo: Path, variant: str, changes: dict, tokenizer: 
     (cwd / "data").symlink_to(repo / "data", target_is_directory=True)
     (cwd / "models").mkdir()
     (cwd / "models" / "tokenizer").symlink_to(tokenizer or repo / "models" / "tokenizer", target_is_directory=True)
+    (cwd / "models" / "pretrained").symlink_to(repo / "models" / "pretrained", target_is_directory=True)
     previous = cwd / "models" / "adapted" / variant
     previous.mkdir(parents=True)
     (previous / "config.json").write_text("previous output\n", encoding="utf-8")
@@ -325,7 +330,7 @@ def test_stage_rejects_bad_input_and_touches_nothing(stage_runs, name):
     assert sorted(p.name for p in previous.iterdir()) == ["config.json"]
     assert (previous / "config.json").read_text(encoding="utf-8") == "previous output\n"
     assert sorted(p.name for p in cwd.iterdir()) == ["data", "models", "params.yaml"]  # no checkpoints, metrics, dvclive
-    assert sorted(p.name for p in (cwd / "models").iterdir()) == ["adapted", "tokenizer"]
+    assert sorted(p.name for p in (cwd / "models").iterdir()) == ["adapted", "pretrained", "tokenizer"]
 
 
 def test_stage_writes_encoder_full_model_and_metrics(repo, tmp_path, monkeypatch, capsys):

@@ -31,6 +31,7 @@ def repo(tmp_path_factory) -> Path:
     p["corpus"].update(n_docs=24, sentences_per_doc=12)
     p["model"]["encoder_config"].update(hidden_size=32, intermediate_size=64, max_position_embeddings=64)
     p["tokenize"].update(max_len=48, n_blocks=2, vocab_size=600, validate_windows=8)
+    p["pretrain"].update(steps=20, batch_size=8, checkpoint_every=10, max_len=48)
     p["adapt"].update(batch_size=8, micro_batch_size=8, eval_windows=16, checkpoint_every=5)
     # the whole graph runs in test_the_whole_graph_runs_then_skips: four tasks, few examples and seeds
     p["tasks"].update(names=["rte", "mrpc", "stsb", "cola"], train_size=32, dev_size=16)
@@ -80,7 +81,7 @@ def test_the_whole_graph_runs_then_skips(repo):
     reports and pictures exist and link each other, and a second `dvc repro` runs nothing."""
     first = sh("dvc", "repro", cwd=repo)
     stages = {s.split("@")[0] for s in ran(first)} | {s for s in ran(first)}
-    for name in ("tasks", "pretrained", "adapt_baseline", "aggregate", "pwcca", "grounding", "attention"):
+    for name in ("tasks", "pretrain_encoder", "pretrained", "adapt_baseline", "aggregate", "pwcca", "grounding", "attention"):
         assert name in stages, first
     for task in ("rte", "mrpc", "stsb", "cola"):
         assert f"finetune@{task}" in stages

@@ -40,7 +40,7 @@ import open_clip
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 from transformers.activations import ACT2FN
 
 from xdbert.clip import check_name, clip_block_mask, register_configs
@@ -81,18 +81,7 @@ def build_language_encoder(name: str, config_overrides: dict | None = None, voca
     an offline machine gets a PipelineError saying what to do.
     """
     if name.startswith(RANDOM_PREFIX):
-        model_type = name[len(RANDOM_PREFIX):]
-        overrides = dict(config_overrides or {})
-        if vocab_size is not None:
-            overrides["vocab_size"] = int(vocab_size)
-        try:
-            config = AutoConfig.for_model(model_type, **overrides)
-        except ValueError as e:
-            raise PipelineError(
-                f"unknown encoder model type `{model_type}` in `model.encoder: {name}`; use random:<model_type> "
-                f"with a transformers encoder type such as bert, electra, roberta"
-            ) from e
-        return AutoModel.from_config(config)
+        return AutoModel.from_config(random_encoder_config(name, config_overrides, vocab_size))
     # A pretrained encoder comes with its own config and vocabulary: overrides and vocab_size are not
     # used (params.yaml says `encoder_config` is only for random:<model_type>).
     try:
@@ -103,6 +92,28 @@ def build_language_encoder(name: str, config_overrides: dict | None = None, voca
             f"cannot load language encoder `model.encoder: {name}` ({e}); use a hub id such as "
             f"bert-base-uncased, a local save_pretrained folder, or random:<model_type>"
         ) from e
+
+
+def random_encoder_config(name: str, config_overrides: dict | None = None, vocab_size: int | None = None) -> PretrainedConfig:
+    """The transformers config of `random:<model_type>` with the overrides and the trained vocabulary's size."""
+    model_type = name[len(RANDOM_PREFIX):]
+    overrides = dict(config_overrides or {})
+    if vocab_size is not None:
+        overrides["vocab_size"] = int(vocab_size)
+    try:
+        return AutoConfig.for_model(model_type, **overrides)
+    except ValueError as e:
+        raise PipelineError(
+            f"unknown encoder model type `{model_type}` in `model.encoder: {name}`; use random:<model_type> "
+            f"with a transformers encoder type such as bert, electra, roberta"
+        ) from e
+
+
+def build_masked_lm(name: str, config_overrides: dict | None = None, vocab_size: int | None = None) -> PreTrainedModel:
+    """A random `random:<model_type>` encoder with its family's MLM head (`AutoModelForMaskedLM`), to pretrain."""
+    if not name.startswith(RANDOM_PREFIX):
+        raise PipelineError(f"only random:<model_type> encoders are pretrained here; `{name}` is used as downloaded")
+    return AutoModelForMaskedLM.from_config(random_encoder_config(name, config_overrides, vocab_size))
 
 
 def load_pretrained_mlm_head(name: str, head: "MaskedTokenHead") -> bool:

@@ -1,0 +1,98 @@
+"""The embedded encoder's pretraining stand-in: restated pairs, their masking, a falling loss, resume."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+
+from xdbert import masking, pretraining
+from xdbert.errors import PipelineError
+
+WORDS = ["the", "red", "blue", "cat", "dog", "boat", "saw", "built", "park", "hill", "in", "on", "a", "green", "man"]
+
+
+def tokenizer(tmp_path) -> BertTokenizer:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "."]
+    return BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True, model_max_length=64)
+
+
+def corpus(n: int = 200) -> list[str]:
+    rng = random.Random(0)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 9))) + "." for _ in range(n)]
+
+
+def settings(**kw) -> pretraining.PretrainSettings:
+    base = dict(steps=60, batch_size=16, lr=5e-3, mlm_prob=0.15, restate_mask_prob=0.5, warmup_ratio=0.05,
+                weight_decay=0.01, max_len=32, checkpoint_every=10, seed=0)
+    return pretraining.PretrainSettings(**{**base, **kw})
+
+
+def tiny_model(vocab_size: int) -> BertForMaskedLM:
+    torch.manual_seed(0)
+    return BertForMaskedLM(BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0))
+
+
+def test_sentences_and_restated_pairs():
+    assert pretraining.split_sentences(["One two three four. Five six. Seven eight nine ten!"]) == \
+        ["One two three four.", "Seven eight nine ten!"]
+    first, second = pretraining.restated_pairs(corpus(), 64, random.Random(1))
+    assert len(first) == len(second) == 64
+    assert all(Counter(a.split()) == Counter(b.split()) for a, b in zip(first, second))  # the same words
+    rotated = sum(a != b for a, b in zip(first, second))
+    assert 16 < rotated < 48  # about half
+
+
+def test_masking_targets_the_restatement_more(tmp_path):
+    tok = tokenizer(tmp_path)
+    first, second = pretraining.restated_pairs(corpus(), 64, random.Random(2))
+    batch = pretraining.masked_batch(tok, first, second, settings(), torch.Generator().manual_seed(0))
+    plain = tok(first, second, padding=True, return_tensors="pt")
+    targets = batch["labels"] != masking.IGNORE_INDEX
+    assert torch.equal(batch["labels"][targets], plain["input_ids"][targets])
+    real = plain["attention_mask"].bool() & ~torch.isin(plain["input_ids"], torch.tensor(tok.all_special_ids))
+    in_a, in_b = real & (plain["token_type_ids"] == 0), real & (plain["token_type_ids"] == 1)
+    assert 0.10 < (targets & in_a).sum() / in_a.sum() < 0.20
+    assert 0.45 < (targets & in_b).sum() / in_b.sum() < 0.55
+    assert not (targets & ~real).any()
+
+
+def test_pretraining_learns_to_fill_the_restatement(tmp_path):
+    tok, sentences = tokenizer(tmp_path), corpus()
+    metrics = pretraining.pretrain(tiny_model(len(tok)), tok, sentences, settings(steps=300), tmp_path / "a.pt")
+    assert metrics["steps"] == 300
+    # The words are drawn uniformly: guessing from frequencies stays near 1/16 and a loss of ln(16) = 2.77;
+    # only copying from the first sentence goes below that.
+    assert metrics["last_mlm_loss"] < 0.85 * metrics["first_mlm_loss"] and metrics["last_mlm_loss"] < 2.5, metrics
+    assert metrics["last_mlm_accuracy"] > 0.25 > metrics["first_mlm_accuracy"], metrics
+
+
+def test_killed_pretraining_resumes_to_the_same_weights(tmp_path, capsys):
+    tok, sentences = tokenizer(tmp_path), corpus()
+    whole = tiny_model(len(tok))
+    pretraining.pretrain(whole, tok, sentences, settings(), tmp_path / "a.pt")
+    pretraining.pretrain(tiny_model(len(tok)), tok, sentences, settings(), tmp_path / "b.pt", stop_after=25)  # checkpoint at 20
+    capsys.readouterr()
+    resumed = tiny_model(len(tok))
+    pretraining.pretrain(resumed, tok, sentences, settings(), tmp_path / "b.pt")
+    assert "at step 20/60" in capsys.readouterr().out  # resumed, not started afresh
+    for name, value in whole.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+    other = tiny_model(len(tok))  # a checkpoint of other settings is not resumed
+    pretraining.pretrain(other, tok, sentences, settings(lr=1e-3), tmp_path / "b.pt")
+    assert not torch.equal(other.state_dict()["cls.predictions.bias"], whole.state_dict()["cls.predictions.bias"])
+
+
+def test_encoder_source_needs_the_stand_in_for_random_encoders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert pretraining.encoder_source({"encoder": "bert-base-uncased"}) == "bert-base-uncased"
+    with pytest.raises(PipelineError, match="run `dvc repro pretrain_encoder`"):
+        pretraining.encoder_source({"encoder": "random:bert"})
+    with pytest.raises(PipelineError, match="unknown encoder model type `notamodel`"):
+        pretraining.encoder_source({"encoder": "random:notamodel"})
+    tiny_model(30).save_pretrained(tmp_path / "models" / "pretrained" / "encoder")
+    assert pretraining.encoder_source({"encoder": "random:bert"}) == "models/pretrained/encoder"
