@@ -38,7 +38,7 @@ def main() -> None:
     out = Path(pretraining.OUTPUT_DIR)
     if not m["encoder"].startswith(RANDOM_PREFIX):
         with io.atomic_path(out, is_dir=True) as tmp:
-            tmp.mkdir(parents=True)
+            tmp.mkdir(parents=True, exist_ok=True)
             (tmp / "README.md").write_text(f"`model.encoder: {m['encoder']}` is pretrained already: stages load it as downloaded.\n")
         io.write_json("metrics/pretrain_encoder.json", {"profile": p["profile"], "encoder": m["encoder"], "steps": 0})
         print(f"pretrain_encoder: {m['encoder']} is used as downloaded")
@@ -52,7 +52,7 @@ def main() -> None:
     metrics = pretraining.pretrain(model, tokenizer, sentences, settings, CHECKPOINT)
 
     with io.atomic_path(out, is_dir=True) as tmp:
-        tmp.mkdir(parents=True)
+        tmp.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     io.write_json("metrics/pretrain_encoder.json", {"profile": p["profile"], "encoder": m["encoder"],
