@@ -152,6 +152,7 @@ def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
     from transformers import BertTokenizer, ElectraConfig, ElectraModel
 
     from xdbert.clip import clip_tokenizer
+    from xdbert.modeling import build_masked_lm
 
     clip_words = sorted(P.clip_bpe_words(clip_tokenizer("xdbert-tiny").encoder).items(), key=lambda kv: kv[1])
     words = [w for w, _ in clip_words[:400]]
@@ -170,6 +171,9 @@ def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
                   "pairs": [["encoder", "electra"], ["encoder", "clip"], ["electra", "clip"], ["encoder", "random"]]},
     }
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    # what pretrain_encoder leaves for a random:bert encoder (untrained here: the test checks the table's machinery)
+    build_masked_lm("random:bert", params["model"]["encoder_config"], len(vocab)).save_pretrained(
+        tmp_path / "models" / "pretrained" / "encoder")
     monkeypatch.chdir(tmp_path)
     load_stage("pwcca").main()
 
