@@ -96,3 +96,33 @@ def test_encoder_source_needs_the_stand_in_for_random_encoders(tmp_path, monkeyp
         pretraining.encoder_source({"encoder": "random:notamodel"})
     tiny_model(30).save_pretrained(tmp_path / "models" / "pretrained" / "encoder")
     assert pretraining.encoder_source({"encoder": "random:bert"}) == "models/pretrained/encoder"
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("steps", 0, "`pretrain.steps` must be a positive integer; got 0"),
+    ("lr", -1, "`pretrain.lr` must be a positive number; got -1"),
+    ("restate_mask_prob", 1.5, "`pretrain.restate_mask_prob`"),
+])
+def test_stage_rejects_bad_params_and_keeps_the_previous_output(tmp_path, monkeypatch, capsys, key, value, message):
+    import runpy
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
+    params["pretrain"][key] = value
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    previous = tmp_path / "models" / "pretrained" / "encoder"
+    previous.mkdir(parents=True)
+    (previous / "config.json").write_text("previous output\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["stages/pretrain_encoder.py"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(root / "stages" / "pretrain_encoder.py"), run_name="__main__")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert (previous / "config.json").read_text(encoding="utf-8") == "previous output\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "params.yaml"]  # no metrics, no checkpoint
