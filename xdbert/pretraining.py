@@ -7,7 +7,8 @@ is first trained with MLM on pairs of corpus sentences: the second sentence rest
 words rotated half of the time, so a fixed offset cannot copy) and is masked far more, so its targets
 are found by looking up the same words in the first sentence.
 
-Hub encoders (the paper profile) are used as downloaded; this module is not involved.
+Hub encoders (the paper profile) are used as downloaded: `encoder_source` returns their name unchanged
+and no stand-in is trained for them.
 """
 from __future__ import annotations
 
@@ -25,13 +26,12 @@ from xdbert.errors import PipelineError
 from xdbert.adaptation import model_identity
 
 OUTPUT_DIR = "models/pretrained/encoder"
-RANDOM_PREFIX = "random:"
 
 
 def encoder_source(model_params: dict) -> str:
     """Where adaptation (and everything that starts from the original encoder) loads the encoder:
     the pretrained stand-in for a `random:<type>` encoder, the hub id or folder otherwise."""
-    from xdbert.modeling import random_encoder_config
+    from xdbert.modeling import RANDOM_PREFIX, random_encoder_config
 
     name = model_params["encoder"]
     if not name.startswith(RANDOM_PREFIX):
