@@ -37,10 +37,18 @@ def fmt(task: str, value: float) -> str:
     return f"{scale(task, value):.3f}" if get_task(task).metric == "rmse" else f"{scale(task, value):.2f}"
 
 
+# The files that define what the pipeline computes. A change to any other tracked file (dvc.lock and the
+# metrics DVC rewrites while `dvc repro` runs, the README) does not make a report's numbers differ from
+# what the commit would produce, so it does not mark the stamp.
+SOURCES = ("xdbert", "stages", "dvc.yaml", "params.yaml", "pyproject.toml")
+
+
 def commit() -> str:
+    """HEAD's short hash, with "+uncommitted changes" when the code or params differ from it."""
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *SOURCES],
+                               capture_output=True, text=True).stdout.strip()
         return sha + ("+uncommitted changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
