@@ -1,6 +1,6 @@
 """Stage `tasks`: every finetuning task in one normalized schema.
 
-    params: profile, tasks.{source, names, train_size, dev_size, read_path, seed}
+    params: profile, tasks.{source, names, train_size, train_sizes, dev_size, read_path, seed}
             hub mode also: tasks.{glue_hub_id, swag_hub_id, read_dev_fraction}
     outs:   data/tasks/<task>/{train,dev}.parquet (MNLI: dev_matched, dev_mismatched),
             data/tasks/summary.json
@@ -47,8 +47,14 @@ def main() -> None:
     # every check before any work: a bad value leaves an existing data/tasks exactly as it was
     if source == "generated":
         train_size = P.positive(P.get(sec, "train_size", "tasks"), "tasks.train_size")
+        train_sizes = sec.get("train_sizes") or {}
+        if not isinstance(train_sizes, dict):
+            raise PipelineError(f"`tasks.train_sizes` must map task names to sizes, e.g. {{qnli: 2000}}; got {train_sizes!r}")
+        P.subset(list(train_sizes), "tasks.train_sizes", TASK_NAMES, nonempty=False)
+        for name, size in train_sizes.items():
+            P.positive(size, f"tasks.train_sizes.{name}")
         dev_size = P.positive(P.get(sec, "dev_size", "tasks"), "tasks.dev_size")
-        load = lambda name: generate_task(name, train_size, dev_size, seed)  # noqa: E731
+        load = lambda name: generate_task(name, train_sizes.get(name, train_size), dev_size, seed)  # noqa: E731
     else:
         hub = {"seed": seed}
         if set(names) - {"swag", "read"}:

@@ -485,11 +485,29 @@ def test_stage_writes_every_task_and_summary(tmp_path):
     assert table.equals(G.generate_task("swag", 30, 12, 0)["train"])
 
 
+def test_stage_train_sizes_override_one_task_and_leave_the_others_byte_identical(tmp_path):
+    """A per-task size changes that task only, so DVC reruns only its finetunes."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert run_stage(tmp_path / "a").returncode == 0
+    r = run_stage(tmp_path / "b", train_sizes={"rte": 50})
+    assert r.returncode == 0, r.stderr
+    a, b = tmp_path / "a" / "data" / "tasks", tmp_path / "b" / "data" / "tasks"
+    assert pq.read_table(b / "rte" / "train.parquet").num_rows == 50
+    assert pq.read_table(b / "rte" / "dev.parquet").num_rows == 12
+    for name in ("mnli", "swag", "read"):
+        for split in (a / name).iterdir():
+            assert split.read_bytes() == (b / name / split.name).read_bytes(), split
+
+
 STAGE_ERRORS = [
     ({"names": ["rte", "wnli"]}, "allowed: rte, mrpc, stsb, cola, sst2, qnli, qqp, mnli, swag, read"),
     ({"names": []}, "`tasks.names` is empty"),
     ({"names": ["rte", "rte"]}, "twice"),
     ({"train_size": 0}, "tasks.train_size"),
+    ({"train_sizes": {"wnli": 40}}, "entry of `tasks.train_sizes`"),
+    ({"train_sizes": {"rte": -1}}, "tasks.train_sizes.rte"),
+    ({"train_sizes": [40]}, "tasks.train_sizes"),
     ({"dev_size": -3}, "tasks.dev_size"),
     ({"source": "kaggle"}, "tasks.source"),
     ({"source": "hub", "names": ["read"], "read_dev_fraction": 0.1}, "tasks.read_path"),
