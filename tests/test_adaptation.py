@@ -222,7 +222,7 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(data, tmp_path):
 # ---------------------------------------------------------------------------------------------------
 
 def test_saved_adapted_encoder_loads_with_automodel(trained, data, repo, tmp_path):
-    model = trained[0].eval()
+    model = trained[0].cpu().eval()  # `adapt` leaves it on the GPU when there is one; the inputs here are CPU tensors
     out = modeling.save_adapted(model, tmp_path / "adapted" / "xdbert", tokenizer_dir=repo / "models" / "tokenizer")
     loaded = AutoModel.from_pretrained(str(out)).eval()
     fresh = build_model(data)
