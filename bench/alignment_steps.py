@@ -7,16 +7,17 @@ the easiest possible data, so the adapt stage's MATCH accuracy can be read again
 
 Data: `--words` words, each one BERT id and one CLIP id; a window is `--length` random words, the
 same on both sides ([CLS] w1..wn [SEP] and [SOT] w1..wn [EOT], so even positions line up). Model:
-`XDBertModel` with params.yaml's encoder config, CLIP tower and cross layers, losses MLM + MATCH
-(BERT's masking; half the windows get another window's CLIP text). AdamW at `--lr`, batch `--batch`.
+`XDBertModel` with params.yaml's encoder config, CLIP tower and cross layers, losses `--losses`: MLM
+(BERT's masking) and MATCH (half the windows get another window's CLIP text), as in adaptation, or MLM
+alone, where every window sees its own CLIP text. AdamW at `--lr`, batch `--batch`.
 
 Reported: the MLM loss and MATCH accuracy over training (means over `--every` steps), the first
 step at which MLM falls below ln(words)/4 (copying from the CLIP side: without it the loss stays near
 ln(words) - 1) and at which MATCH accuracy exceeds 0.6, and the seconds per step.
 
-    python bench/alignment_steps.py [--steps 6000] [--words 20] [--length 8] [--lr 1e-3] [--batch 32]
+    python bench/alignment_steps.py [--losses mlm,match] [--steps 6000] [--words 20] [--length 8] [--lr 1e-3]
 
-Writes bench/results/alignment_steps.md and .json.
+Writes <out>/alignment_steps_<losses>.md and .json (bench/results/alignment_steps_mlm_match.md by default).
 """
 from __future__ import annotations
 
@@ -48,8 +49,15 @@ def windows(words: int, length: int, batch: int, gen: torch.Generator) -> tuple[
     return bert, clip
 
 
+def table(curve: list[dict], match: bool) -> list[str]:
+    head = "| step | MLM loss | MATCH accuracy |\n| --- | --- | --- |" if match else "| step | MLM loss |\n| --- | --- |"
+    rows = [f"| {c['step']} | {c['mlm_loss']:.3f} |" + (f" {c['match_accuracy']:.3f} |" if match else "") for c in curve]
+    return [head, *rows]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--losses", default="mlm,match", choices=["mlm,match", "mlm"])
     ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--words", type=int, default=20)
     ap.add_argument("--length", type=int, default=8)
@@ -58,7 +66,9 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=250)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for the report")
     args = ap.parse_args()
+    losses = args.losses.split(",")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
@@ -66,7 +76,7 @@ def main() -> None:
     m, a = p["model"], p["adapt"]
     config = modeling.XDBertConfig(
         encoder=m["encoder"], encoder_config=m.get("encoder_config") or {}, vocab_size=FIRST_WORD + args.words,
-        clip=m["clip"], clip_heads=a["clip_heads"], clip_blocks=1, cross_layers=a["cross_layers"], losses=["mlm", "match"])
+        clip=m["clip"], clip_heads=a["clip_heads"], clip_blocks=1, cross_layers=a["cross_layers"], losses=losses)
     model = modeling.XDBertModel.build(config)
     optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed)
@@ -74,42 +84,50 @@ def main() -> None:
     curve, window, t0 = [], [], time.time()
     for step in range(args.steps):
         bert, clip = windows(args.words, args.length, args.batch, gen)
-        clip, match_labels = masking.choose_match_negatives(clip, gen, 0.5)
+        match_labels = None
+        if "match" in losses:
+            clip, match_labels = masking.choose_match_negatives(clip, gen, 0.5)
         inputs, mlm_labels = masking.mask_for_mlm(bert, torch.ones_like(bert), vocab_size=FIRST_WORD + args.words,
                                                   special_ids=range(FIRST_WORD), mask_id=MASK, generator=gen)
         out = model(inputs, torch.ones_like(bert), clip, mlm_labels=mlm_labels, match_labels=match_labels)
         optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
         optimizer.step()
-        window.append((out["mlm_loss"].item(), out["match_correct"].item() / args.batch))
+        window.append((out["mlm_loss"].item(), out["match_correct"].item() / args.batch if match_labels is not None else 0.0))
         if len(window) == args.every:
-            curve.append({"step": step + 1, "mlm_loss": sum(x for x, _ in window) / len(window),
-                          "match_accuracy": sum(y for _, y in window) / len(window)})
+            curve.append({"step": step + 1, "mlm_loss": sum(x for x, _ in window) / len(window)})
+            if match_labels is not None:
+                curve[-1]["match_accuracy"] = sum(y for _, y in window) / len(window)
             window = []
             print(json.dumps(curve[-1]), flush=True)
     seconds = time.time() - t0
+    report({k: v for k, v in vars(args).items() if k != "out"}, m, a, curve, round(seconds / args.steps, 4), Path(args.out))
 
-    copy_at = next((c["step"] for c in curve if c["mlm_loss"] < math.log(args.words) / 4), None)
-    match_at = next((c["step"] for c in curve if c["match_accuracy"] > 0.6), None)
-    result = {"args": vars(args), "encoder_config": m.get("encoder_config"), "clip": m["clip"],
-              "cross_layers": a["cross_layers"], "seconds_per_step": round(seconds / args.steps, 4),
+
+def report(args: dict, m: dict, a: dict, curve: list[dict], seconds_per_step: float, out_dir: Path) -> None:
+    """Write <out_dir>/alignment_steps_<losses>.json and .md from a training curve."""
+    losses = args["losses"].split(",")
+    copy_at = next((c["step"] for c in curve if c["mlm_loss"] < math.log(args["words"]) / 4), None)
+    match_at = next((c["step"] for c in curve if c.get("match_accuracy", 0) > 0.6), None)
+    result = {"args": args, "encoder_config": m.get("encoder_config"), "clip": m["clip"],
+              "cross_layers": a["cross_layers"], "seconds_per_step": seconds_per_step,
               "mlm_copies_from_step": copy_at, "match_above_0.6_from_step": match_at, "curve": curve}
-    out_dir = ROOT / "bench" / "results"
-    io.write_json(out_dir / "alignment_steps.json", result)
-    never = f"not within {args.steps} steps"
+    stem = "alignment_steps_" + "_".join(losses)
+    io.write_json(out_dir / f"{stem}.json", result)
+    never = f"not within {args['steps']} steps"
     lines = [
         "# Steps the cross layers need to line up the two towers (toy data)", "",
-        f"`python bench/alignment_steps.py --steps {args.steps} --words {args.words} --length {args.length} "
-        f"--lr {args.lr} --batch {args.batch}`; params.yaml's encoder config, `{m['clip']}` CLIP tower and "
-        f"{a['cross_layers']} cross layers, random init, losses MLM + MATCH.", "",
-        f"- MLM copies from the CLIP side (loss < ln({args.words})/4 = {math.log(args.words) / 4:.2f}) from step: "
+        f"`python bench/alignment_steps.py --losses {args['losses']} --steps {args['steps']} --words {args['words']} "
+        f"--length {args['length']} --lr {args['lr']} --batch {args['batch']}`; params.yaml's encoder config, "
+        f"`{m['clip']}` CLIP tower and {a['cross_layers']} cross layers, random init, losses "
+        f"{' + '.join(l.upper() for l in losses)}.", "",
+        f"- MLM copies from the CLIP side (loss < ln({args['words']})/4 = {math.log(args['words']) / 4:.2f}) from step: "
         f"**{copy_at or never}**",
-        f"- MATCH accuracy above 0.6 from step: **{match_at or never}**",
-        f"- {result['seconds_per_step']} s per step on {args.threads} thread(s)", "",
-        "| step | MLM loss | MATCH accuracy |", "| --- | --- | --- |",
-        *(f"| {c['step']} | {c['mlm_loss']:.3f} | {c['match_accuracy']:.3f} |" for c in curve),
+        *([f"- MATCH accuracy above 0.6 from step: **{match_at or never}**"] if "match" in losses else []),
+        f"- {seconds_per_step} s per step on {args['threads']} thread(s)", "",
+        *table(curve, "match" in losses),
     ]
-    io.write_text(out_dir / "alignment_steps.md", "\n".join(lines) + "\n")
+    io.write_text(out_dir / f"{stem}.md", "\n".join(lines) + "\n")
     print("\n".join(lines[:8]))
 
 
