@@ -93,11 +93,11 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
         optimizer.step()
-        window.append((out["mlm_loss"].item(), out["match_correct"].item() / args.batch if match_labels is not None else 0.0))
+        window.append({"mlm_loss": out["mlm_loss"].item()})
+        if match_labels is not None:
+            window[-1]["match_accuracy"] = out["match_correct"].item() / args.batch
         if len(window) == args.every:
-            curve.append({"step": step + 1, "mlm_loss": sum(x for x, _ in window) / len(window)})
-            if match_labels is not None:
-                curve[-1]["match_accuracy"] = sum(y for _, y in window) / len(window)
+            curve.append({"step": step + 1, **{k: sum(w[k] for w in window) / len(window) for k in window[0]}})
             window = []
             print(json.dumps(curve[-1]), flush=True)
     seconds = time.time() - t0
