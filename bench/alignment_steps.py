@@ -8,16 +8,18 @@ the easiest possible data, so the adapt stage's MATCH accuracy can be read again
 Data: `--words` words, each one BERT id and one CLIP id; a window is `--length` random words, the
 same on both sides ([CLS] w1..wn [SEP] and [SOT] w1..wn [EOT], so even positions line up). Model:
 `XDBertModel` with params.yaml's encoder config, CLIP tower and cross layers, losses `--losses`: MLM
-(BERT's masking) and MATCH (half the windows get another window's CLIP text), as in adaptation, or MLM
-alone, where every window sees its own CLIP text. AdamW at `--lr`, batch `--batch`.
+(BERT's masking) and MATCH (half the windows get another window's CLIP text), drawn by adaptation's own
+`masking.adaptation_inputs`, or MLM alone, where every window sees its own CLIP text. `--mlm-negatives
+own` keeps MLM targets only in windows that see their own CLIP text (`adapt.mlm_negatives: false`);
+`all` (the default, as in LXMERT) has them in the negatives too. AdamW at `--lr`, batch `--batch`.
 
 Reported: the MLM loss and MATCH accuracy over training (means over `--every` steps), the first
 step at which MLM falls below ln(words)/4 (copying from the CLIP side: without it the loss stays near
 ln(words) - 1) and at which MATCH accuracy exceeds 0.6, and the seconds per step.
 
-    python bench/alignment_steps.py [--losses mlm,match] [--steps 6000] [--words 20] [--length 8] [--lr 1e-3]
+    python bench/alignment_steps.py [--losses mlm,match] [--mlm-negatives all] [--steps 6000] [--words 20] [--length 8]
 
-Writes <out>/alignment_steps_<losses>.md and .json (bench/results/alignment_steps_mlm_match.md by default).
+Writes <out>/alignment_steps_<losses>[_own].md and .json (bench/results/alignment_steps_mlm_match.md by default).
 """
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ def table(curve: list[dict], match: bool) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--losses", default="mlm,match", choices=["mlm,match", "mlm"])
+    ap.add_argument("--mlm-negatives", default="all", choices=["all", "own"],
+                    help="MLM targets in every window (all) or only where CLIP sees the window's own text (own)")
     ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--words", type=int, default=20)
     ap.add_argument("--length", type=int, default=8)
@@ -84,17 +88,16 @@ def main() -> None:
     curve, window, t0 = [], [], time.time()
     for step in range(args.steps):
         bert, clip = windows(args.words, args.length, args.batch, gen)
-        match_labels = None
-        if "match" in losses:
-            clip, match_labels = masking.choose_match_negatives(clip, gen, 0.5)
-        inputs, mlm_labels = masking.mask_for_mlm(bert, torch.ones_like(bert), vocab_size=FIRST_WORD + args.words,
-                                                  special_ids=range(FIRST_WORD), mask_id=MASK, generator=gen)
-        out = model(inputs, torch.ones_like(bert), clip, mlm_labels=mlm_labels, match_labels=match_labels)
+        batch = masking.adaptation_inputs(
+            {"bert_ids": bert, "bert_mask": torch.ones_like(bert), "clip_ids": clip}, losses, gen,
+            vocab_size=FIRST_WORD + args.words, special_ids=range(FIRST_WORD), mask_id=MASK, eot_id=EOT,
+            mlm_negatives=args.mlm_negatives == "all")
+        out = model(**batch)
         optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
         optimizer.step()
         window.append({"mlm_loss": out["mlm_loss"].item()})
-        if match_labels is not None:
+        if "match_labels" in batch:
             window[-1]["match_accuracy"] = out["match_correct"].item() / args.batch
         if len(window) == args.every:
             curve.append({"step": step + 1, **{k: sum(w[k] for w in window) / len(window) for k in window[0]}})
@@ -112,15 +115,17 @@ def report(args: dict, m: dict, a: dict, curve: list[dict], seconds_per_step: fl
     result = {"args": args, "encoder_config": m.get("encoder_config"), "clip": m["clip"],
               "cross_layers": a["cross_layers"], "seconds_per_step": seconds_per_step,
               "mlm_copies_from_step": copy_at, "match_above_0.6_from_step": match_at, "curve": curve}
-    stem = "alignment_steps_" + "_".join(losses)
+    own = "match" in losses and args.get("mlm_negatives") == "own"
+    stem = "alignment_steps_" + "_".join(losses) + ("_own" if own else "")
     io.write_json(out_dir / f"{stem}.json", result)
     never = f"not within {args['steps']} steps"
     lines = [
         "# Steps the cross layers need to line up the two towers (toy data)", "",
-        f"`python bench/alignment_steps.py --losses {args['losses']} --steps {args['steps']} --words {args['words']} "
+        f"`python bench/alignment_steps.py --losses {args['losses']}{' --mlm-negatives own' if own else ''} --steps {args['steps']} --words {args['words']} "
         f"--length {args['length']} --lr {args['lr']} --batch {args['batch']}`; params.yaml's encoder config, "
         f"`{m['clip']}` CLIP tower and {a['cross_layers']} cross layers, random init, losses "
-        f"{' + '.join(l.upper() for l in losses)}.", "",
+        f"{' + '.join(l.upper() for l in losses)}"
+        + (", MLM targets only in windows that see their own CLIP text." if own else "."), "",
         f"- MLM copies from the CLIP side (loss < ln({args['words']})/4 = {math.log(args['words']) / 4:.2f}) from step: "
         f"**{copy_at or never}**",
         *([f"- MATCH accuracy above 0.6 from step: **{match_at or never}**"] if "match" in losses else []),

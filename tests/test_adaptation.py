@@ -262,6 +262,7 @@ ERRORS = {
     "variant_epochs": ("two_epochs", {"adapt.variants.two_epochs": {"epochs": 0}}, False,
                        ["`adapt.variants.two_epochs.epochs` must be a positive integer; got 0"]),
     "negative_lr": ("xdbert", {"adapt.lr": -1}, False, ["`adapt.lr` must be a positive number; got -1"]),
+    "flag_not_bool": ("xdbert", {"adapt.mlm_negatives": "no"}, False, ["`adapt.mlm_negatives` must be true or false; got 'no'"]),
     "unknown_encoder_type": ("xdbert", {**TINY_MODEL, "model.encoder": "random:notamodel"}, False,
                              ["`model.encoder: random:notamodel`", "random:<model_type>", "bert"]),
     "unknown_clip": ("xdbert", {**TINY_MODEL, "model.clip": "notaclip"}, False, ["`model.clip: notaclip`", "xdbert-tiny"]),

@@ -174,3 +174,22 @@ def test_collate_and_adaptation_inputs():
     mlm_only = adaptation_inputs(batch, ["mlm"], gen(), **kw)
     assert set(mlm_only) == {"bert_ids", "bert_mask", "clip_ids", "mlm_labels"}
     assert torch.equal(mlm_only["clip_ids"], clip)
+
+
+def test_mlm_negatives_false_drops_targets_only_in_negative_windows():
+    ids, mask = bert_batch(batch=64, length=32)
+    batch = {"bert_ids": ids, "bert_mask": mask, "clip_ids": clip_batch(batch=64, n_blocks=1)}
+    kw = dict(vocab_size=VOCAB, special_ids=SPECIAL, mask_id=MASK, eot_id=EOT)
+    everywhere = adaptation_inputs(batch, ["mlm", "match"], gen(), **kw)
+    own_only = adaptation_inputs(batch, ["mlm", "match"], gen(), mlm_negatives=False, **kw)
+    own = own_only["match_labels"].bool()
+    assert 0 < int(own.sum()) < 64  # both kinds of window are in the batch
+    # The same draws: inputs and MATCH labels are unchanged, only the negatives' MLM targets go.
+    for key in ("bert_ids", "clip_ids", "match_labels"):
+        assert torch.equal(everywhere[key], own_only[key])
+    assert torch.equal(own_only["mlm_labels"][own], everywhere["mlm_labels"][own])
+    assert (everywhere["mlm_labels"][~own] != -100).any()
+    assert (own_only["mlm_labels"][~own] == -100).all()
+    # Without MATCH every window sees its own text, so the option changes nothing.
+    mlm_only = adaptation_inputs(batch, ["mlm"], gen(), mlm_negatives=False, **kw)
+    assert torch.equal(mlm_only["mlm_labels"], adaptation_inputs(batch, ["mlm"], gen(), **kw)["mlm_labels"])

@@ -37,6 +37,7 @@ class AdaptSettings:
     eval_windows: int
     seed: int
     precision: str = "auto"
+    mlm_negatives: bool = True
     max_grad_norm: float = 1.0
 
 
@@ -54,7 +55,8 @@ class BatchMaker:
             "clip_ids": torch.from_numpy(rows["clip_ids"].astype(np.int64)).view(-1, self.n_blocks, 77),
         }
         return masking.adaptation_inputs(batch, self.losses, gen, mlm_prob=self.s.mlm_prob,
-                                         match_prob=self.s.match_prob, cliptc_prob=self.s.cliptc_prob, **self.token_ids)
+                                         match_prob=self.s.match_prob, cliptc_prob=self.s.cliptc_prob,
+                                         mlm_negatives=self.s.mlm_negatives, **self.token_ids)
 
 
 def _sum_counts(out: dict, totals: dict) -> None:

@@ -100,8 +100,15 @@ def cliptc_targets(clip_ids: torch.Tensor, mask: torch.Tensor, generator: torch.
 def adaptation_inputs(batch: Mapping[str, torch.Tensor], losses: Iterable[str], generator: torch.Generator, *,
                       vocab_size: int, special_ids: Iterable[int], mask_id: int, eot_id: int,
                       mlm_prob: float = 0.15, match_prob: float = 0.5, cliptc_prob: float = 0.15,
-                      ) -> dict[str, torch.Tensor]:
-    """Keyword arguments for `XDBertModel.forward` from a collated window batch, for the enabled losses."""
+                      mlm_negatives: bool = True) -> dict[str, torch.Tensor]:
+    """Keyword arguments for `XDBertModel.forward` from a collated window batch, for the enabled losses.
+
+    `mlm_negatives: False` keeps MLM targets only in windows whose CLIP text is their own (MATCH label 1).
+    With targets in the negatives too (LXMERT's choice, the default), copying a word from the CLIP side
+    is wrong in half of the windows. On bench/alignment_steps.py's toy data that stops random cross
+    layers from ever lining the towers up (neither copying nor MATCH within 6,000 steps); without them
+    MATCH passes 0.6 at step 750.
+    """
     losses = set(losses)
     bert_ids, bert_mask, clip_ids = batch["bert_ids"], batch["bert_mask"], batch.get("clip_ids")
     out: dict[str, torch.Tensor] = {"bert_ids": bert_ids, "bert_mask": bert_mask, "clip_ids": clip_ids}
@@ -113,6 +120,9 @@ def adaptation_inputs(batch: Mapping[str, torch.Tensor], losses: Iterable[str], 
         out["bert_ids"], out["mlm_labels"] = mask_for_mlm(
             bert_ids, bert_mask, vocab_size=vocab_size, special_ids=special_ids, mask_id=mask_id,
             generator=generator, prob=mlm_prob)
+        if not mlm_negatives and "match_labels" in out:
+            own = out["match_labels"].bool().unsqueeze(1)
+            out["mlm_labels"] = torch.where(own, out["mlm_labels"], torch.full_like(out["mlm_labels"], IGNORE_INDEX))
     return out
 
 

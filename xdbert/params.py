@@ -87,6 +87,12 @@ def positive(value: Any, key: str, kind: type = int) -> Any:
     return kind(value)
 
 
+def flag(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):  # YAML's `yes`/`no` are bools already; 0, 1 or "false" are typos
+        raise PipelineError(f"`{key}` must be true or false; got {value!r}")
+    return value
+
+
 def fraction(value: Any, key: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
         raise PipelineError(f"`{key}` must be a number between 0 and 1; got {value!r}")
