@@ -8,8 +8,11 @@ The runs of a task (one process: the imports and the tokenization of the task ar
 - `full` runs (Table 8): models/crossmodal/<name> for each name in `finetune.full_models`;
 - the `clip` run (Table 1's CLIP-T row) on `finetune.clip_tasks`: models/pretrained/clip.
 Results: results/finetune/<task>/<run>/{metrics.json,predictions.parquet}, run = the encoder's name,
-`full_<name>` or `clip_t`. Each run's folder is written atomically as soon as it is done.
+`full_<name>` or `clip_t`, each folder written atomically. Every finished seed is also kept in
+checkpoints/finetune/<task>/<run>/ until all results are written, so a killed stage resumes with the
+seeds it had not finished.
 """
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,6 +28,7 @@ KINDS = {  # kind: (model folder, file that must be in it, results folder name)
 }
 TOKENIZER_DIR = Path("models/tokenizer")
 TASK_DIR = Path("data/tasks")
+CHECKPOINT_DIR = Path("checkpoints/finetune")  # finished seeds of a killed run; outside DVC's outputs
 PRECISIONS = ("auto", "bf16", "no")
 
 
@@ -105,6 +109,7 @@ def main() -> None:
         job = ft.prepare(kind, model_dir, task, tables, ft.FinetuneSettings(lr=0.0, **settings), tokenizer_dir=TOKENIZER_DIR)
         # Table 5: the rate depends on the task and on the model's size, known once its config is read
         job.settings = dataclasses.replace(job.settings, lr=ft.learning_rate(f["lr"], task, ft.size_of(job.width)))
+        job.checkpoint_dir = str(CHECKPOINT_DIR / task.name / run_name)
         jobs.append(job)
     # Every (model, seed) of the task goes to one pool: no worker idles while another finishes its share.
     all_results = ft.run_grid([(job, seeds[task.name]) for job in jobs], workers)
@@ -115,6 +120,7 @@ def main() -> None:
             "seeds_list": seeds[task.name], "workers": workers, "lr_table": f["lr"],
         })
         print(f"finetune {task.name} {run_name}: median {task.metric} {metrics['headline']} over {len(results)} seeds -> {out}")
+    shutil.rmtree(CHECKPOINT_DIR / task.name, ignore_errors=True)  # every result is written: the seeds have done their job
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Finetuning: the three task kinds learn, seeds reproduce, batches and lr groups are right, the stage fails cleanly."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +191,40 @@ def test_nan_loss_stops_with_pipeline_error(bert_dir, monkeypatch):
         ft.train_seed(job, 0)
 
 
+def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_path, monkeypatch):
+    spec = get_task("sst2")
+    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2", 64, 32), settings(epochs=1))
+    uninterrupted = ft.run_seeds(job, [0, 1, 2], workers=1)  # no checkpoint_dir: nothing is saved
+    job.checkpoint_dir = str(tmp_path / "finished")
+    real, trained, kill = ft.train_seed, [], [True]
+
+    def train_seed(job, seed, device="cpu"):
+        trained.append(seed)
+        if seed == 2 and kill[0]:
+            raise KeyboardInterrupt  # the machine goes away during seed 2
+        return real(job, seed, device)
+
+    monkeypatch.setattr(ft, "train_seed", train_seed)
+    with pytest.raises(KeyboardInterrupt):
+        ft.run_seeds(job, [0, 1, 2], workers=1)
+    assert sorted(p.name for p in (tmp_path / "finished").iterdir()) == ["seed_0.pt", "seed_1.pt"]
+    kill[0] = False
+    resumed = ft.run_seeds(job, [0, 1, 2], workers=1)
+    assert trained == [0, 1, 2, 2]  # only the seed in flight is trained again
+    for a, b in zip(uninterrupted, resumed):
+        np.testing.assert_array_equal(a["predictions"]["dev"], b["predictions"]["dev"])
+        assert a["metrics"] == b["metrics"] and a["last_epoch_loss"] == b["last_epoch_loss"]
+    # Other settings, another model or other data: the saved seeds do not count.
+    job.settings = dataclasses.replace(job.settings, lr=1e-3)
+    ft.run_seeds(job, [0], workers=1)
+    assert trained[4:] == [0]
+    changed = tmp_path / "changed"
+    shutil.copytree(bert_dir, changed)
+    (changed / "config.json").write_text((changed / "config.json").read_text() + "\n")
+    assert ft.prepare("encoder", changed, spec, keyword_tables("sst2", 64, 32), settings(epochs=1)).identity != job.identity
+    assert ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2", 64, 31), settings(epochs=1)).identity != job.identity
+
+
 # ---------------------------------------------------------------------------------------------------
 # Batching and padding
 # ---------------------------------------------------------------------------------------------------
@@ -360,6 +396,8 @@ def test_stage_writes_metrics_and_predictions(workdir):
         preds = pq.read_table(out / "predictions.parquet")
         assert preds.num_rows == 2 * n_dev and sorted(set(preds.column("seed").to_pylist())) == [0, 1]
         assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "predictions.parquet"]
+        # finished seeds were kept while the grid ran (the folder exists) and cleared once all results were written
+        assert (workdir / "checkpoints" / "finetune").is_dir() and not (workdir / "checkpoints" / "finetune" / task).exists()
     assert "finetune stsb tiny: median spearman" in proc.stdout
 
 

@@ -10,7 +10,8 @@ Read top to bottom:
    - `clip`: CLIP's text tower alone (Table 1's CLIP-T row), see `ClipTowerClassifier`.
    - `full`: the whole cross-modal model (Table 8), see `FullModelClassifier`.
 3. `parameter_groups` - AdamW groups with the optional layer-wise learning-rate decay.
-4. `prepare`, `train_seed`, `run_grid` - tokenize once, train each seed, spread all runs over one pool.
+4. `prepare`, `train_seed`, `run_grid` - tokenize once, train each seed, spread all runs over one pool;
+   with `Job.checkpoint_dir` set, each finished seed is saved there, so a killed grid resumes.
 5. `results`, `write_results` - per-seed metrics, medians over seeds, per-example predictions.
 
 Randomness is a pure function of the seed: the new head's initial weights, the batch order of each
@@ -346,6 +347,8 @@ class Job:
     data: dict[str, fd.Encoded]          # "train" and every dev split
     eot_id: int = 49407
     width: int = 0
+    identity: str = ""                   # hash of the model's files and the tokenized data (`job_identity`)
+    checkpoint_dir: str = ""             # where finished seeds are kept until the results are written; "" = nowhere
 
     @property
     def dev_splits(self) -> tuple[str, ...]:
@@ -403,7 +406,28 @@ def prepare(kind: str, model_path: str | Path, spec: TaskSpec, tables: dict, set
                 data[split] = fd.Encoded(idx=t.column("idx").to_numpy().astype(np.int64), labels=fd.labels_of(spec, t),
                                          choices=blocks.shape[1], inputs={}, pad_ids={})
             data[split].clip_ids = blocks
-    return Job(kind, str(model_path), spec, settings, data, eot_id, width)
+    job = Job(kind, str(model_path), spec, settings, data, eot_id, width)
+    job.identity = job_identity(job)
+    return job
+
+
+def job_identity(job: Job) -> str:
+    """A hash of what a run's result depends on besides the settings and the seed: the kind, the task,
+    every file of the model folder and the tokenized data. A saved seed is reused only if it matches."""
+    import hashlib
+
+    from xdbert.shards import sha256_file
+
+    h = hashlib.sha256(f"{job.kind} {job.spec.name} {job.eot_id}\n".encode())
+    root = Path(job.model_path)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{path.relative_to(root)}:{sha256_file(path)}\n".encode())
+    for split in sorted(job.data):
+        d = job.data[split]
+        arrays = [d.idx, d.labels, *(a for name in sorted(d.inputs) for a in (d.inputs[name].flat, d.inputs[name].offsets))]
+        for a in arrays + ([] if d.clip_ids is None else [d.clip_ids]):
+            h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
 
 
 def build_model(job: Job) -> nn.Module:
@@ -527,7 +551,25 @@ def _init_worker(jobs: list[Job], devices, threads: int) -> None:
 
 
 def _train_in_worker(index: int, seed: int) -> dict:
-    return train_seed(_worker_jobs[index], seed, _worker_device)
+    return train_or_resume(_worker_jobs[index], seed, _worker_device)
+
+
+def train_or_resume(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
+    """`train_seed`, or the result this job and seed already saved in `job.checkpoint_dir`.
+
+    A paper-profile grid runs for days; a kill should cost the seeds in flight, not the finished ones.
+    The saved result is tied to the job's identity, settings and seed, so changed inputs train afresh.
+    """
+    if not job.checkpoint_dir:
+        return train_seed(job, seed, device)
+    path = Path(job.checkpoint_dir) / f"seed_{seed}.pt"
+    fingerprint = training.fingerprint(job.identity, dataclasses.asdict(job.settings), seed)
+    state = training.load_checkpoint(path, fingerprint)
+    if state is not None:
+        return state["result"]
+    result = train_seed(job, seed, device)
+    training.save_checkpoint(path, {"result": result}, fingerprint)
+    return result
 
 
 def plan_workers(n_runs: int, workers: int | str) -> tuple[list[str], int]:
@@ -556,7 +598,7 @@ def _cost(job: Job) -> tuple[int, int]:
 
 
 def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = 1) -> list[list[dict]]:
-    """`train_seed` for every (job, seed) of `work`; per job, its results in seed order.
+    """`train_or_resume` for every (job, seed) of `work`; per job, its results in seed order.
 
     All runs share one pool and a free worker takes the next run, longest first, so no worker waits
     while another still has several seeds of its share to go (a task's runs differ up to 5x in cost).
@@ -567,7 +609,7 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = 1) -> list[
     jobs = [job for job, _ in work]
     devices, threads = plan_workers(len(runs), workers)
     if len(devices) == 1:
-        done = {(i, seed): train_seed(jobs[i], seed, devices[0]) for i, seed in runs}
+        done = {(i, seed): train_or_resume(jobs[i], seed, devices[0]) for i, seed in runs}
     else:
         # fork shares the tokenized data without copying; CUDA cannot be used after a fork, so GPUs spawn.
         context = multiprocessing.get_context("spawn" if devices[0].startswith("cuda") else "fork")
