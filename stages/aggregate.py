@@ -1,7 +1,8 @@
 """Stage `aggregate`: medians over seeds into reports/table1.md, table3.md and table8.md.
 
 Reads every finetune run's dev predictions (results/finetune/<task>/<run>/predictions.parquet; runs are
-the encoder names, `full_<variant>` for the whole cross-modal model and `clip_t` for CLIP's tower alone).
+the encoder names, `full_<variant>` for the whole cross-modal model and `clip_t` for CLIP's tower alone),
+and for Table 3 each variant's adaptation metrics (metrics/adapt/<variant>.json).
 """
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from xdbert import io, params
 from xdbert.stage import run
 
 RESULTS = Path("results/finetune")
+ADAPT_METRICS = Path("metrics/adapt")
 
 
 def main() -> None:
@@ -49,11 +51,11 @@ def main() -> None:
     results: dict = {}
 
     def write(name: str, title: str, runs: dict[str, str], task_list: list[str], row_tasks: dict[str, list[str]],
-              compare: dict[str, str], paper_rows: dict) -> None:
+              compare: dict[str, str], paper_rows: dict, extra: str = "") -> None:
         body = {label: {t: cell(load(runs[label], t), t) for t in row_tasks.get(label, task_list)} for label in runs}
         d = deltas(compare, task_list)
         text = (reports.header(title, p["profile"], models, seeds) + "\n" + reports.metric_legend(task_list) + "\n"
-                + reports.table(body, task_list, d, paper_rows if paper else None) + reports.footnotes(n_boot)
+                + reports.table(body, task_list, d, paper_rows if paper else None) + reports.footnotes(n_boot) + extra
                 + "\n## Every metric (median over seeds)\n\n"
                 + "\n".join(f"- {label} / {t}: " + ", ".join(f"{k} {v:.4f}" for k, v in c.all_metrics.items())
                             for label, cs in body.items() for t, c in cs.items())
@@ -76,8 +78,9 @@ def main() -> None:
     write("table1", "Table 1: main results (dev sets)", {"CLIP-T": "clip_t", **xd}, all_tasks,
           {"CLIP-T": [t for t in all_tasks if t in f["clip_tasks"]]}, xd, reports.PAPER_TABLE1)
     variants = {m: m for m in [*f["models"], *f["ablations"]] if m != "baseline"}
+    adapted = {v: io.read_json(ADAPT_METRICS / f"{v}.json") for v in ["baseline", *variants]}
     write("table3", "Table 3: adaptation ablations", {"baseline": "baseline", **variants}, small, {}, variants,
-          reports.PAPER_TABLE3)
+          reports.PAPER_TABLE3, reports.adaptation_table(adapted))
     full = {f"full {m}": f"full_{m}" for m in f["full_models"]}
     write("table8", "Table 8: finetuning the full cross-modal model", {"baseline": "baseline", **xd, **full}, all_tasks,
           {}, {**xd, **full}, reports.PAPER_TABLE8)

@@ -94,6 +94,10 @@ def test_the_whole_graph_runs_then_skips(repo):
     attention_md = (repo / "reports/attention.md").read_text()
     assert all(f"attention/{p.name}" in attention_md for p in pictures)
     assert "figure4.png" in (repo / "reports/figure4.md").read_text()
+    adaptation = (repo / "reports/table3.md").read_text().split("## Adaptation")[1]
+    for variant in ("baseline", "xdbert", "mlm_match", "placeholder"):
+        assert f"\n| {variant} | " in adaptation, adaptation
+    assert "| baseline | " in adaptation and adaptation.split("| baseline | ")[1].split("\n")[0].count("| - ") == 2  # no MATCH, no CLIPTC
 
     again = sh("dvc", "repro", cwd=repo)
     assert ran(again) == set(), again

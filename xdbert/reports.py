@@ -104,6 +104,25 @@ def table(rows: dict[str, dict[str, Cell]], tasks: list[str], deltas: dict[str, 
     return "\n".join(out) + "\n"
 
 
+ADAPT_COLUMNS = (  # metrics/adapt/<variant>.json key, column, format
+    ("steps", "steps", "{}"),
+    ("valid_mlm_accuracy", "MLM acc.", "{:.3f}"),
+    ("valid_mlm_perplexity", "MLM ppl.", "{:.1f}"),
+    ("valid_match_accuracy", "MATCH acc.", "{:.3f}"),
+    ("valid_cliptc_accuracy", "CLIPTC acc.", "{:.3f}"),
+)
+
+
+def adaptation_table(metrics: dict[str, dict]) -> str:
+    """What each adaptation variant reached on held-out windows, beside the finetuning it led to."""
+    lines = ["| variant | " + " | ".join(c for _, c, _ in ADAPT_COLUMNS) + " |", "|---|" + "---|" * len(ADAPT_COLUMNS)]
+    for name, m in metrics.items():
+        lines.append(f"| {name} | " + " | ".join(f.format(m[k]) if k in m else "-" for k, _, f in ADAPT_COLUMNS) + " |")
+    return ("\n## Adaptation (held-out valid windows, metrics/adapt/<variant>.json)\n\n" + "\n".join(lines) + "\n\n"
+            "A dash: the variant does not train that loss. MATCH: half of the windows see another window's CLIP text, "
+            "so chance is 0.50.\n")
+
+
 def footnotes(n_boot: int) -> str:
     return (f"\nCells: median over seeds, with (min–max) across seeds. Δ rows: median difference to the baseline "
             f"with a 95% paired bootstrap interval over dev examples ({n_boot} resamples, the same examples for both "
