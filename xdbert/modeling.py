@@ -697,14 +697,26 @@ def save_adapted(model: XDBertModel, directory: str | Path, tokenizer_dir: str |
 
 
 def save_full(model: XDBertModel, directory: str | Path) -> Path:
-    """Write the whole cross-modal model: config JSON, the encoder's transformers config, safetensors."""
-    from safetensors.torch import save_model
+    """Write the whole cross-modal model: config JSON, the encoder's transformers config, safetensors.
 
+    The same weights always give the same bytes, so DVC sees an unchanged model as unchanged. The
+    decoders tied to the embeddings are stored once, under the embedding's name, and without
+    safetensors' `save_model` metadata: it names the dropped duplicates in a map whose order changes
+    from run to run. `load_model` reties them from the model's own structure.
+    """
+    from safetensors.torch import save_file
+
+    state, stored = {}, set()
+    for name, tensor in model.state_dict().items():  # embeddings come before the heads tied to them
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key not in stored:
+            stored.add(key)
+            state[name] = tensor.contiguous()
     with atomic_path(directory, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         model.encoder.config.save_pretrained(tmp / ENCODER_CONFIG_DIR)
-        save_model(model, str(tmp / WEIGHTS_FILE))  # handles the tied decoders (shared tensors) itself
+        save_file(state, str(tmp / WEIGHTS_FILE))
     return Path(directory)
 
 
