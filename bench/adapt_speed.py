@@ -29,6 +29,8 @@ import contextlib
 import json
 import os
 import platform
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -180,7 +182,7 @@ max_len {s['max_len']}, {s['n_blocks']} CLIP blocks of 77, batch {batch_size} wi
 **Overhead: {overhead:.2f}x** the reference's time per step (the CLIP tower on {s['n_blocks'] * 77} CLIP positions and
 the cross layers come on top of the same encoder). One wiki103 epoch = {WIKI103_WINDOWS:,} windows (the paper's ~800
 steps of 256); the paper took {PAPER_EPOCH_MINUTES} minutes on 8 V100s (goal on one H100: under 10 minutes).
-Timings on a shared machine vary from run to run; rerun with `python bench/adapt_speed.py --sizes {args.sizes}{' --compile' if args.compile else ''}`.
+Timings on a shared machine vary from run to run; rerun with `{shlex.join(['python', *sys.argv])}`.
 """
     (args.out / "adapt_speed.md").write_text(md, encoding="utf-8")
     print(md)

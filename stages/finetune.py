@@ -45,6 +45,7 @@ def check_settings(f: dict, tasks: list) -> tuple[dict, dict[str, list[int]], in
         raise PipelineError(f"`finetune.layer_lr_decay` must be in (0, 1] (1.0 = off, 0.9 = the paper's 'decay of 0.9'); got {decay!r}")
     s["layer_lr_decay"] = float(decay)
     s["precision"] = params.choice(params.get(f, "precision", "finetune"), "finetune.precision", PRECISIONS)
+    s["compile"] = params.flag(params.get(f, "compile", "finetune"), "finetune.compile")
     lr = params.get(f, "lr", "finetune")
     seeds = {}
     for task in tasks:

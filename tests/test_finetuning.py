@@ -275,6 +275,60 @@ def test_dynamic_padding_pads_to_the_batch_max(bert_dir):
 
 # ---------------------------------------------------------------------------------------------------
 # Layer-wise learning-rate decay
+
+
+def test_rounding_lengths_up_to_8_changes_no_score(bert_dir):
+    """The GPU rounds batch lengths up to 8 (`pad_multiple`): the extra positions are masked padding."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(bert_dir)
+    spec = get_task("mnli")
+    data = fd.encode_bert(tok, spec, keyword_tables("mnli", 8, 4)["train"], max_len=32)
+    rows = np.array([5, 1, 2])
+    exact, rounded = fd.collate(data, rows), fd.collate(data, rows, multiple=8)
+    longest = int(data.lengths[rows].max())
+    assert longest % 8 != 0 and rounded["input_ids"].shape == (3, -(-longest // 8) * 8)
+    np.testing.assert_array_equal(rounded["attention_mask"].sum(1), data.lengths[rows])
+    np.testing.assert_array_equal(rounded["input_ids"][:, :longest], exact["input_ids"])
+    assert (rounded["input_ids"][:, longest:] == tok.pad_token_id).all()
+    torch.manual_seed(0)
+    model = ft.EncoderClassifier(bert_dir, spec).eval()
+    with torch.no_grad():
+        scores = [model({k: torch.from_numpy(v) for k, v in b.items()}) for b in (exact, rounded)]
+    torch.testing.assert_close(scores[0], scores[1], atol=1e-5, rtol=1e-5)
+    # rounding only on a GPU, and never past a max_len that is no multiple of 8
+    assert ft.pad_multiple(settings(), torch.device("cuda")) == 8
+    assert ft.pad_multiple(settings(), torch.device("cpu")) == 1
+    assert ft.pad_multiple(settings(max_len=100), torch.device("cuda")) == 1
+
+
+def test_compiled_training_matches_eager(bert_dir, monkeypatch):
+    """`finetune.compile` traces the model once for every batch length and trains to the same result.
+    The graph is run by dynamo's `eager` backend: the tracing, guards and dynamic shapes are real, only
+    the code generation (a minute on this CPU, measured on the GPU in bench/results/h100) is left out."""
+    from torch._dynamo.utils import counters
+
+    real_compile = torch.compile
+    calls = []
+
+    def compile_eagerly(model, **kw):
+        calls.append(kw)
+        return real_compile(model, backend="eager", **kw)
+
+    spec = get_task("sst2")
+    tables = keyword_tables("sst2", 48, 32)
+    eager = ft.train_seed(ft.prepare("encoder", bert_dir, spec, tables, settings(epochs=2)), 0)
+    monkeypatch.setattr(torch, "compile", compile_eagerly)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = ft.train_seed(ft.prepare("encoder", bert_dir, spec, tables, settings(epochs=2, compile=True)), 0)
+    assert calls == [{"dynamic": True}]
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo really captured the model
+    assert counters["stats"]["unique_graphs"] <= 3  # not one graph per batch length (train, eval)
+    np.testing.assert_array_equal(eager["predictions"]["dev"], compiled["predictions"]["dev"])
+    assert compiled["last_epoch_loss"] == pytest.approx(eager["last_epoch_loss"], rel=1e-4)
+
+
 # ---------------------------------------------------------------------------------------------------
 
 def test_layer_lr_decay_assigns_the_expected_rates(tmp_path):
@@ -352,7 +406,7 @@ FINETUNE_PARAMS = {
     "epochs": 2, "warmup_ratio": 0.1, "batch_size": 16, "eval_batch_size": 64, "max_len": 32, "weight_decay": 0.01,
     "layer_lr_decay": 1.0, "length_group": 4, "clip_blocks_per_sentence": 2, "dropout": 0.1,
     "seeds": [0, 1], "rte_seeds": [0, 1, 2], "workers": 2, "precision": "auto",
-    "models": ["tiny"], "ablations": [], "ablation_tasks": [], "full_models": [], "clip_tasks": [],
+    "compile": False, "models": ["tiny"], "ablations": [], "ablation_tasks": [], "full_models": [], "clip_tasks": [],
 }
 
 
@@ -418,6 +472,7 @@ def test_runs_of_a_task_follow_the_tables():
     (("sst2",), {"models": ["missing"]}, "model folder models/adapted/missing is missing"),
     (("sst2",), {"seeds": []}, "`finetune.seeds` must be a non-empty list"),
     (("sst2",), {"layer_lr_decay": 0}, "`finetune.layer_lr_decay` must be in (0, 1]"),
+    (("sst2",), {"compile": "yes"}, "`finetune.compile` must be true or false"),
     (("mrpc",), None, "task mrpc lacks split file(s)"),
     (("rte",), {"rte_seeds": []}, "`finetune.rte_seeds` must be a non-empty list"),
     (("sst2",), {"lr": {"sst2": {"base": 1e-3}}}, "`finetune.lr.sst2.large` must be a positive number"),

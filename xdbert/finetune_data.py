@@ -49,11 +49,12 @@ class Ragged:
     def __getitem__(self, i: int) -> np.ndarray:
         return self.flat[self.offsets[i]:self.offsets[i + 1]]
 
-    def padded(self, rows: np.ndarray, pad: int) -> tuple[np.ndarray, np.ndarray]:
-        """(values, mask) of `rows`, both (len(rows), longest row), padded with `pad` on the right."""
+    def padded(self, rows: np.ndarray, pad: int, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(values, mask) of `rows`, both (len(rows), longest row rounded up to `multiple`), padded with
+        `pad` on the right."""
         starts = self.offsets[rows]
         lens = self.offsets[rows + 1] - starts
-        width = int(lens.max()) if len(rows) else 0
+        width = -(-int(lens.max()) // multiple) * multiple if len(rows) else 0
         values = np.full((len(rows), width), pad, dtype=np.int64)
         mask = np.zeros((len(rows), width), dtype=np.int64)
         row_of = np.repeat(np.arange(len(rows)), lens)
@@ -231,8 +232,8 @@ def eval_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def collate(data: Encoded, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """A batch of examples `rows`, padded to its longest sequence.
+def collate(data: Encoded, rows: np.ndarray, multiple: int = 1) -> dict[str, np.ndarray]:
+    """A batch of examples `rows`, padded to its longest sequence rounded up to `multiple`.
 
     Returns input_ids / token_type_ids / attention_mask of shape (B, L), or (B, choices, L) for
     multiple choice, `clip_ids` (B[, choices], n_blocks, 77) when the split has CLIP blocks, and `labels` (B,).
@@ -241,7 +242,7 @@ def collate(data: Encoded, rows: np.ndarray) -> dict[str, np.ndarray]:
     seq = (rows[:, None] * data.choices + np.arange(data.choices)).ravel()
     batch: dict[str, np.ndarray] = {}
     for name, ragged in data.inputs.items():
-        values, mask = ragged.padded(seq, data.pad_ids[name])
+        values, mask = ragged.padded(seq, data.pad_ids[name], multiple)
         batch[name] = values
         batch.setdefault("attention_mask", mask)
     if data.clip_ids is not None:
