@@ -165,7 +165,7 @@ def test_resume_after_a_kill_gives_identical_weights(data, tmp_path, capsys):
     run(data, settings(epochs=2, lr=2e-3), ckpt, stop_after=2)  # a checkpoint made with other settings
     capsys.readouterr()
     _, stopped = run(data, s, ckpt, stop_after=5)  # killed after step 5: its last checkpoint is step 4
-    assert "other settings; starting afresh" in capsys.readouterr().out
+    assert "other settings or inputs; starting afresh" in capsys.readouterr().out
     assert stopped["steps"] == 5 and torch.load(ckpt, weights_only=False)["step"] == 4
 
     model_b, metrics_b = run(data, s, ckpt)  # a new process: fresh model, same checkpoint path
@@ -185,7 +185,7 @@ def test_checkpoint_of_other_initial_weights_is_not_resumed(data, tmp_path, caps
     run(data, settings(), ckpt, seed=1, stop_after=2)
     capsys.readouterr()
     _, metrics = run(data, settings(), ckpt, seed=0, stop_after=2)
-    assert "other settings; starting afresh" in capsys.readouterr().out
+    assert "other settings or inputs; starting afresh" in capsys.readouterr().out
     assert metrics["steps"] == 2  # resumed, it would have gone on from step 2 to 3
 
 

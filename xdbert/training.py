@@ -83,7 +83,7 @@ def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
         print(f"warning: ignoring unreadable checkpoint {path} ({type(e).__name__})")
         return None
     if state.get("fingerprint") != fingerprint:
-        print(f"note: {path} was made with other settings; starting afresh")
+        print(f"note: {path} was made with other settings or inputs; starting afresh")
         return None
     return state
 
