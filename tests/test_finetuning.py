@@ -534,6 +534,29 @@ def test_full_and_clip_kinds_finetune_end_to_end(crossmodal_dirs, bert_dir, kind
     np.testing.assert_array_equal(pred, again["predictions"]["dev"])
 
 
+@pytest.mark.parametrize("kind", ["full", "clip"])
+def test_only_the_tasks_clip_rows_are_trained_and_nothing_else_changes(crossmodal_dirs, bert_dir, monkeypatch, kind):
+    spec = get_task("stsb")
+    job = ft.prepare(kind, crossmodal_dirs / kind, spec, keyword_tables("stsb", 48, 16), settings(epochs=2),
+                     tokenizer_dir=bert_dir)
+    used = np.unique(np.concatenate([d.clip_ids.ravel() for d in job.data.values()]))
+    assert {0, 49406, 49407} <= set(used.tolist()) and len(used) < 1000
+    torch.manual_seed(0)
+    model = ft.build_model(job)
+    table = model.xd.clip.token_embedding if kind == "full" else model.tower.token_embedding
+    assert isinstance(table, ft.RowSubsetEmbedding) and table.weight.shape == (len(used), 64)
+    name = "xd.clip.token_embedding.weight" if kind == "full" else "tower.token_embedding.weight"
+    assert dict(model.named_parameters())[name] is table.weight  # the name layer_lr_decay reads is kept
+    with pytest.raises(IndexError):  # an id no split holds has no row
+        table(torch.tensor([int(np.setdiff1d(np.arange(49408), used)[0])]))
+    # Trained with the whole table instead: the same losses and predictions.
+    subset = ft.train_seed(job, 0)
+    monkeypatch.setattr(ft, "RowSubsetEmbedding", lambda full, ids: full)
+    whole = ft.train_seed(job, 0)
+    np.testing.assert_array_equal(subset["predictions"]["dev"], whole["predictions"]["dev"])
+    assert subset["last_epoch_loss"] == pytest.approx(whole["last_epoch_loss"], rel=1e-5)
+
+
 def test_full_kind_without_a_tokenizer_folder_names_it(crossmodal_dirs):
     with pytest.raises(PipelineError, match="pass tokenizer_dir"):
         ft.prepare("full", crossmodal_dirs / "full", get_task("sst2"), keyword_tables("sst2", 8, 4), settings())

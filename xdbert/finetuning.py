@@ -429,6 +429,33 @@ def job_identity(job: Job) -> str:
     return h.hexdigest()[:16]
 
 
+class RowSubsetEmbedding(nn.Module):
+    """The rows `ids` of embedding table `full`, looked up by their original ids.
+
+    A finetuning run reads only the CLIP tokens of its task's text, a few thousand of CLIP's 49,408. The
+    other rows cannot change any output, yet the optimizer, gradient clipping and the dense embedding
+    gradient touch every row at every step: in the embedded profile the table is 84% of the full
+    model's parameters and cost about a sixth of its step (measured on QNLI). Keeping only the rows the
+    task's splits use gives the same outputs for them; the parameter keeps the name `weight`.
+    """
+
+    def __init__(self, full: nn.Embedding, ids: np.ndarray):
+        super().__init__()
+        ids = torch.as_tensor(np.unique(ids).astype(np.int64))
+        self.weight = nn.Parameter(full.weight.detach()[ids].clone(), requires_grad=full.weight.requires_grad)
+        lookup = torch.full((full.num_embeddings,), -1, dtype=torch.long)  # -1: not kept (an index error)
+        lookup[ids] = torch.arange(len(ids))
+        self.register_buffer("lookup", lookup, persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(self.lookup[ids], self.weight)
+
+
+def clip_token_ids(job: Job) -> np.ndarray:
+    """Every CLIP id in the job's splits (padding, [SOT] and [EOT] included)."""
+    return np.unique(np.concatenate([np.unique(d.clip_ids) for d in job.data.values()]))
+
+
 def build_model(job: Job) -> nn.Module:
     """The model of `job.kind` with a fresh task head (initialised from the current torch RNG)."""
     if job.kind == "encoder":
@@ -436,9 +463,13 @@ def build_model(job: Job) -> nn.Module:
     if job.kind == "full":
         from xdbert.modeling import load_full
 
-        return FullModelClassifier(load_full(job.model_path), job.spec, job.settings.dropout)
-    tower, _ = load_clip_tower(job.model_path)
-    return ClipTowerClassifier(tower, job.spec, job.settings.clip_blocks_per_sentence, job.settings.dropout, job.eot_id)
+        model = FullModelClassifier(load_full(job.model_path), job.spec, job.settings.dropout)
+        tower = model.xd.clip  # the CLIPTC decoder tied to its embedding was dropped with the heads
+    else:
+        tower, _ = load_clip_tower(job.model_path)
+        model = ClipTowerClassifier(tower, job.spec, job.settings.clip_blocks_per_sentence, job.settings.dropout, job.eot_id)
+    tower.token_embedding = RowSubsetEmbedding(tower.token_embedding, clip_token_ids(job))
+    return model
 
 
 def task_loss(spec: TaskSpec, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
