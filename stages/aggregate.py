@@ -4,6 +4,8 @@ Reads every finetune run's dev predictions (results/finetune/<task>/<run>/predic
 the encoder names, `full_<variant>` for the whole cross-modal model and `clip_t` for CLIP's tower alone),
 and for Table 3 each variant's adaptation metrics (metrics/adapt/<variant>.json).
 """
+import multiprocessing
+from concurrent import futures
 from pathlib import Path
 
 from xdbert import io, params
@@ -17,6 +19,7 @@ def main() -> None:
     p = params.load()
     f, agg, tasks = params.section(p, "finetune"), params.section(p, "aggregate"), params.section(p, "tasks")
     n_boot = params.positive(agg["n_boot"], "aggregate.n_boot")
+    workers = params.positive(params.get(agg, "workers", "aggregate"), "aggregate.workers")
 
     import pandas as pd
 
@@ -33,16 +36,22 @@ def main() -> None:
             preds[run_name, task] = read_predictions(RESULTS / task / run_name / "predictions.parquet")
         return preds[run_name, task]
 
-    replicates: dict = {}
+    xd = {"baseline": "baseline", **{m: m for m in f["models"] if m != "baseline"}}
+    variants = {m: m for m in [*f["models"], *f["ablations"]] if m != "baseline"}
+    full = {f"full {m}": f"full_{m}" for m in f["full_models"]}
 
-    def resampled(run_name: str, task: str):
-        # Each (run, task) is resampled once: the baseline and xdbert appear in all three tables.
-        if (run_name, task) not in replicates:
-            replicates[run_name, task] = bootstrap_replicates(load(run_name, task), task, n_boot, agg["seed"])
-        return replicates[run_name, task]
+    # Each (run, task) that a Δ row needs is resampled once (the baseline and xdbert are in all three
+    # tables), all of them up front in a process pool: the bootstrap is thousands of metric calls per
+    # pair and most of this stage's time. Each pair draws from its own generator, so the pool changes
+    # nothing in the result.
+    needed = sorted({(r, t) for runs, ts in [(xd, all_tasks), (variants, small), (full, all_tasks)]
+                     for r in ["baseline", *runs.values()] for t in ts})
+    with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        pending = {(r, t): pool.submit(bootstrap_replicates, load(r, t), t, n_boot, agg["seed"]) for r, t in needed}
+        replicates = {pair: job.result() for pair, job in pending.items()}
 
     def deltas(runs: dict[str, str], task_list: list[str]) -> dict:
-        return {label: {t: compare(resampled(r, t), resampled("baseline", t)) for t in task_list}
+        return {label: {t: compare(replicates[r, t], replicates["baseline", t]) for t in task_list}
                 for label, r in runs.items() if r != "baseline"}
 
     paper = p["profile"] == "paper"
@@ -74,14 +83,11 @@ def main() -> None:
                     lines.append(f"- {label} / {t} {split}: {c.all_metrics} (median over seeds)")
         return ("\n\n## Other dev splits\n\n" + "\n".join(lines)) if lines else ""
 
-    xd = {"baseline": "baseline", **{m: m for m in f["models"] if m != "baseline"}}
     write("table1", "Table 1: main results (dev sets)", {"CLIP-T": "clip_t", **xd}, all_tasks,
           {"CLIP-T": [t for t in all_tasks if t in f["clip_tasks"]]}, xd, reports.PAPER_TABLE1)
-    variants = {m: m for m in [*f["models"], *f["ablations"]] if m != "baseline"}
     adapted = {v: io.read_json(ADAPT_METRICS / f"{v}.json") for v in ["baseline", *variants]}
     write("table3", "Table 3: adaptation ablations", {"baseline": "baseline", **variants}, small, {}, variants,
           reports.PAPER_TABLE3, reports.adaptation_table(adapted))
-    full = {f"full {m}": f"full_{m}" for m in f["full_models"]}
     write("table8", "Table 8: finetuning the full cross-modal model", {"baseline": "baseline", **xd, **full}, all_tasks,
           {}, {**xd, **full}, reports.PAPER_TABLE8)
 

@@ -48,6 +48,13 @@ def test_cola_matthews():
     assert m["matthews"] == matthews_corrcoef(y, p) and m["accuracy"] == accuracy_score(y, p)
 
 
+
+def test_only_the_named_metrics_are_computed_and_unknown_names_are_refused():
+    p, y = _classes(2)
+    assert compute_metrics("mrpc", p, y, ["f1"]) == {"f1": compute_metrics("mrpc", p, y)["f1"]}
+    with pytest.raises(PipelineError, match="rte has no metric f1; it reports accuracy"):
+        compute_metrics("rte", p, y, ["f1"])
+
 def test_stsb_correlations_and_column_predictions():
     y = rng.uniform(0, 5, 80)
     p = y + rng.normal(0, 1, 80)

@@ -51,9 +51,13 @@ def predicted_labels(spec: TaskSpec, predictions: Sequence | np.ndarray, n: int)
     return pred
 
 
-def compute_metrics(task: str, predictions: Sequence | np.ndarray, labels: Sequence | np.ndarray) -> dict[str, float]:
-    """Every metric of `task` (`TaskSpec.metrics`, headline first) for one dev split."""
+def compute_metrics(task: str, predictions: Sequence | np.ndarray, labels: Sequence | np.ndarray,
+                    names: Sequence[str] | None = None) -> dict[str, float]:
+    """Every metric of `task` (`TaskSpec.metrics`, headline first), or only `names`, for one dev split."""
     spec = get_task(task)
+    names = spec.metrics if names is None else names
+    if unknown := [n for n in names if n not in spec.metrics]:
+        raise PipelineError(f"{task} has no metric {', '.join(unknown)}; it reports {', '.join(spec.metrics)}")
     y = _as_array(labels, "labels", task)
     if y.ndim != 1:
         raise PipelineError(f"{task}: labels must be 1-D; got shape {tuple(y.shape)}")
@@ -67,7 +71,7 @@ def compute_metrics(task: str, predictions: Sequence | np.ndarray, labels: Seque
     with warnings.catch_warnings():
         # constant inputs: scipy warns and returns NaN, which is the honest value here
         warnings.simplefilter("ignore")
-        for name in spec.metrics:
+        for name in names:
             if name == "accuracy":
                 out[name] = float(accuracy_score(y, p))
             elif name == "f1":
