@@ -276,6 +276,33 @@ def test_clip_positions_padded_in_every_window_are_dropped_without_changing_resu
     assert clip_full.shape == (4, 3 * 77, 64) and (clip_full[:, ~used] == 0).all()
 
 
+
+def test_language_cls_only_gives_the_same_cls_and_gradients_and_skips_the_rest():
+    """Finetuning reads only the language [CLS]: the last layer computes just that, with equal values and
+    equal gradients for every parameter (the last layer's CLIP side gets none either way)."""
+    b = fake_batch()
+
+    def cls_and_grads(cls_only: bool):
+        model = tiny_model().eval()
+        calls = []
+        model.cross_layers[-1].clip_ffn.register_forward_hook(lambda *a: calls.append(1))
+        language, clip = model.encode(**b, language_cls_only=cls_only)
+        language[:, 0].pow(2).sum().backward()
+        grads = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+        return language, clip, grads, len(calls)
+
+    language, clip, grads, calls = cls_and_grads(False)
+    cls, no_clip, cls_grads, cls_calls = cls_and_grads(True)
+    assert cls.shape == (4, 1, 32) and no_clip is None and (calls, cls_calls) == (1, 0)
+    torch.testing.assert_close(cls[:, 0], language[:, 0], atol=1e-6, rtol=1e-5)
+    assert [n for n, g in grads.items() if g is None] == [n for n, g in cls_grads.items() if g is None]
+    assert any(g is None for n, g in grads.items() if n.startswith("cross_layers.1.clip_"))
+    for n, g in grads.items():
+        if g is not None:
+            torch.testing.assert_close(cls_grads[n], g, atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
+    with pytest.raises(ValueError, match="cannot return its attention maps"):
+        tiny_model()._encode(b["bert_ids"], b["bert_mask"], b["clip_ids"], True, language_cls_only=True)
+
 def test_padding_does_not_change_results():
     """Padding in either stream is invisible: a window alone gives what it gives inside a padded batch."""
     model = tiny_model().eval()

@@ -198,7 +198,7 @@ class FullModelClassifier(nn.Module):
         lead = batch["input_ids"].shape[:-1]
         ids, mask = _flat(batch["input_ids"], 1), _flat(batch["attention_mask"], 1)
         types = _flat(batch["token_type_ids"], 1) if "token_type_ids" in batch else None
-        language, _ = self.xd.encode(ids, mask, _flat(batch["clip_ids"], 2), token_type_ids=types)
+        language, _ = self.xd.encode(ids, mask, _flat(batch["clip_ids"], 2), token_type_ids=types, language_cls_only=True)
         scores = self.out(self.dropout(torch.tanh(self.pool(language[:, 0]))))
         return _unflat(scores, lead)
 

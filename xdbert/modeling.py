@@ -345,9 +345,18 @@ class CrossModalLayer(nn.Module):
         self.language_ffn = FeedForward(H, intermediate, act, dropout, eps)
         self.clip_ffn = FeedForward(W, intermediate, act, dropout, eps)
 
-    def forward(self, language, language_mask, clip, clip_mask, output_attentions=False):
-        """Returns (language, clip, cross attention probabilities or None)."""
+    def forward(self, language, language_mask, clip, clip_mask, output_attentions=False, language_cls_only=False):
+        """Returns (language, clip, cross attention probabilities or None).
+
+        `language_cls_only` (a last layer whose reader takes only the language [CLS]): returns the
+        language [CLS] alone, (B, 1, H), and no CLIP stream. The same numbers at [CLS]; what only the
+        other positions or the CLIP stream would read is not computed.
+        """
         language_x, language_probs = self.language_cross(language, clip, clip_mask, output_attentions)
+        if language_cls_only:
+            # [CLS] attends to every position of language_x, so the cross-attention above runs in full.
+            cls, _ = self.language_self(language_x[:, :1], language_x, language_mask)
+            return self.language_ffn(cls), None, None
         clip_x, clip_probs = self.clip_cross(clip, language, language_mask, output_attentions)
         language_x, _ = self.language_self(language_x, language_x, language_mask)
         clip_x, _ = self.clip_self(clip_x, clip_x, clip_mask)
@@ -539,9 +548,10 @@ class XDBertModel(nn.Module):
             features = self.clip(clip_ids, mask)
         return features, mask.reshape(batch, n_blocks * context)
 
-    def _encode(self, bert_ids, bert_mask, clip_ids, output_attentions=False, token_type_ids=None):
+    def _encode(self, bert_ids, bert_mask, clip_ids, output_attentions=False, token_type_ids=None, language_cls_only=False):
         """(language, clip, clip_mask, attentions, kept): `kept` indexes the CLIP positions the cross layers
-        saw (None: all of them)."""
+        saw (None: all of them). `language_cls_only`: the last cross layer computes only the language
+        [CLS], (B, 1, H), and clip is None (see `CrossModalLayer`)."""
         types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}  # not every encoder takes them
         language = self.encoder(input_ids=bert_ids, attention_mask=bert_mask, **types).last_hidden_state
         if not self.config.uses_clip:
@@ -560,21 +570,28 @@ class XDBertModel(nn.Module):
             clip, clip_mask = clip[:, kept], clip_mask[:, kept]
         language_mask = bert_mask.bool()
         attentions = []
-        for layer in self.cross_layers:
-            language, clip, probs = layer(language, language_mask, clip, clip_mask, output_attentions)
+        if language_cls_only and output_attentions:
+            raise ValueError("language_cls_only skips the last layer's CLIP stream: it cannot return its attention maps")
+        last = len(self.cross_layers) - 1
+        for i, layer in enumerate(self.cross_layers):
+            language, clip, probs = layer(language, language_mask, clip, clip_mask, output_attentions,
+                                          language_cls_only and i == last)
             attentions.append(probs)
         return language, clip, clip_mask, attentions, kept
 
     def encode(self, bert_ids: torch.Tensor, bert_mask: torch.Tensor, clip_ids: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               token_type_ids: torch.Tensor | None = None, language_cls_only: bool = False,
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(language hidden states after the cross layers (B, L, H), CLIP stream states (B, n_blocks*77, W)).
 
-        For finetuning the full model (paper Table 8) classify from `language[:, 0]`. Without cross
-        layers the CLIP states are None and the language states are the encoder's output. CLIP positions
-        that hold no token in any window of the batch are zero.
+        Without cross layers the CLIP states are None and the language states are the encoder's output.
+        CLIP positions that hold no token in any window of the batch are zero. Finetuning the full model
+        (paper Table 8) classifies from the language [CLS]: `language_cls_only` returns it alone, (B, 1, H),
+        and no CLIP states, skipping the last cross layer's work that nothing reads.
         """
-        language, clip, _, _, kept = self._encode(bert_ids, bert_mask, clip_ids, token_type_ids=token_type_ids)
-        if kept is not None:
+        language, clip, _, _, kept = self._encode(bert_ids, bert_mask, clip_ids, token_type_ids=token_type_ids,
+                                                  language_cls_only=language_cls_only)
+        if kept is not None and clip is not None:
             full = clip.new_zeros(clip.shape[0], clip_ids.shape[1] * clip_ids.shape[2], clip.shape[2])
             full[:, kept] = clip
             clip = full
