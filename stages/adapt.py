@@ -41,7 +41,7 @@ def settings_for(variant: str, p: dict) -> dict:
         raise PipelineError(f"`{key_of('cross_layers')}` must be >= 1 (0 only for the MLM-only baseline); got {s['cross_layers']}")
     for key in ("warmup_ratio", "mlm_prob", "match_prob", "cliptc_prob"):
         params.fraction(s[key], key_of(key))
-    for key in ("placeholder", "freeze_clip", "mlm_negatives"):
+    for key in ("placeholder", "freeze_clip", "mlm_negatives", "compile"):
         params.flag(s[key], key_of(key))
     params.choice(s.get("precision", "auto"), key_of("precision"), ("auto", "bf16", "no"))
     return s

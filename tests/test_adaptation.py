@@ -179,6 +179,30 @@ def test_resume_after_a_kill_gives_identical_weights(data, tmp_path, capsys):
     assert not torch.equal(fresh["encoder.embeddings.word_embeddings.weight"], b["encoder.embeddings.word_embeddings.weight"])
 
 
+def test_compiled_adaptation_ends_with_the_eager_weights(data, tmp_path, monkeypatch):
+    """`adapt.compile` runs the training steps through torch.compile and saves the plain module. Dynamo's
+    `eager` backend runs the captured graphs: the tracing and graph breaks are real, only the code
+    generation (measured on an H100 in bench/results/h100) is left out."""
+    from torch._dynamo.utils import counters
+
+    real_compile, calls = torch.compile, []
+
+    def compile_eagerly(model, **kw):
+        calls.append(kw)
+        return real_compile(model, backend="eager", **kw)
+
+    model_a, metrics_a = run(data, settings(epochs=2), tmp_path / "eager.pt")
+    monkeypatch.setattr(torch, "compile", compile_eagerly)
+    torch._dynamo.reset()
+    counters.clear()
+    model_b, metrics_b = run(data, settings(epochs=2, compile=True), tmp_path / "compiled.pt")
+    assert calls == [{}] and counters["stats"]["unique_graphs"] >= 1  # dynamo really captured the model
+    a, b = state(model_a), state(model_b)
+    assert a.keys() == b.keys() == torch.load(tmp_path / "compiled.pt", weights_only=False)["model"].keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+    assert metrics_b["train_mlm_loss"] == pytest.approx(metrics_a["train_mlm_loss"], rel=1e-5)
+
 def test_checkpoint_of_other_initial_weights_is_not_resumed(data, tmp_path, capsys):
     """Same settings, another `model.seed`: resuming would continue from the other run's weights."""
     ckpt = tmp_path / "c.pt"
