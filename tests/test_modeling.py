@@ -276,7 +276,6 @@ def test_clip_positions_padded_in_every_window_are_dropped_without_changing_resu
     assert clip_full.shape == (4, 3 * 77, 64) and (clip_full[:, ~used] == 0).all()
 
 
-
 def test_language_cls_only_gives_the_same_cls_and_gradients_and_skips_the_rest():
     """Finetuning reads only the language [CLS]: the last layer computes just that, with equal values and
     equal gradients for every parameter (the last layer's CLIP side gets none either way)."""
@@ -302,6 +301,7 @@ def test_language_cls_only_gives_the_same_cls_and_gradients_and_skips_the_rest()
             torch.testing.assert_close(cls_grads[n], g, atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
     with pytest.raises(ValueError, match="cannot return its attention maps"):
         tiny_model()._encode(b["bert_ids"], b["bert_mask"], b["clip_ids"], True, language_cls_only=True)
+
 
 def test_padding_does_not_change_results():
     """Padding in either stream is invisible: a window alone gives what it gives inside a padded batch."""

@@ -552,6 +552,8 @@ class XDBertModel(nn.Module):
         """(language, clip, clip_mask, attentions, kept): `kept` indexes the CLIP positions the cross layers
         saw (None: all of them). `language_cls_only`: the last cross layer computes only the language
         [CLS], (B, 1, H), and clip is None (see `CrossModalLayer`)."""
+        if language_cls_only and output_attentions:
+            raise ValueError("language_cls_only skips the last layer's CLIP stream: it cannot return its attention maps")
         types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}  # not every encoder takes them
         language = self.encoder(input_ids=bert_ids, attention_mask=bert_mask, **types).last_hidden_state
         if not self.config.uses_clip:
@@ -570,8 +572,6 @@ class XDBertModel(nn.Module):
             clip, clip_mask = clip[:, kept], clip_mask[:, kept]
         language_mask = bert_mask.bool()
         attentions = []
-        if language_cls_only and output_attentions:
-            raise ValueError("language_cls_only skips the last layer's CLIP stream: it cannot return its attention maps")
         last = len(self.cross_layers) - 1
         for i, layer in enumerate(self.cross_layers):
             language, clip, probs = layer(language, language_mask, clip, clip_mask, output_attentions,
