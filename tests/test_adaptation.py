@@ -147,6 +147,37 @@ def test_learning_rate_follows_warmup_then_linear_decay(trained):
         assert lg["lr"] == pytest.approx(expected, rel=1e-9, abs=1e-15), (step, lg["lr"], expected)
 
 
+class Recording(Subset):
+    """A Subset that notes which of its windows each read asked for."""
+
+    def __init__(self, ds, index):
+        super().__init__(ds, index)
+        self.reads: list[list[int]] = []
+
+    def __getitem__(self, i):
+        self.reads.append(np.asarray(i).tolist())
+        return super().__getitem__(i)
+
+
+def test_evaluation_reads_a_fixed_random_sample_of_valid_windows(data):
+    """Consecutive windows share a document; evaluating them in order would draw MATCH negatives from the
+    window's own article. The sample is random, the same on every call, and so are the metrics."""
+    from xdbert.adaptation import evaluate
+
+    s = settings(eval_windows=8, micro_batch_size=4)
+    model = build_model(data)
+    runs = []
+    for _ in range(2):
+        valid = Recording(data[0], np.arange(24))
+        runs.append((evaluate(model, valid, make_batch(data, s), s, "cpu"), valid.reads))
+    (first, reads), (second, reads_again) = runs
+    assert reads == reads_again and first == second
+    seen = [i for r in reads for i in r]
+    assert [len(r) for r in reads] == [4, 4] and len(set(seen)) == 8
+    assert seen != list(range(8)) and max(seen) >= 8  # not the first eight windows
+    assert all(r == sorted(r) for r in reads)  # each read in file order (Arrow reads are cheaper)
+
+
 # ---------------------------------------------------------------------------------------------------
 # 2. A killed run resumes and ends exactly where an uninterrupted one does
 # ---------------------------------------------------------------------------------------------------

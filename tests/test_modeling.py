@@ -343,6 +343,20 @@ def test_bad_losses_are_rejected(losses):
         tiny_config(losses=losses).validate()
 
 
+def test_init_range_sets_the_new_modules_std_and_only_theirs():
+    default, wide = tiny_model(), tiny_model(init_range=0.2)
+    assert default.cross_layers[0].language_cross.attention.query.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert wide.cross_layers[0].language_cross.attention.query.weight.std().item() == pytest.approx(0.2, rel=0.1)
+    assert wide.match_head.dense.weight.std().item() == pytest.approx(0.2, rel=0.1)
+    # the encoder and the CLIP tower are built as before (same seed): only the new modules change
+    for part in ("encoder", "clip"):
+        a, b = getattr(default, part).state_dict(), getattr(wide, part).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    for bad in (0, -0.1, "0.02", True):
+        with pytest.raises(PipelineError, match="init_range"):
+            tiny_config(init_range=bad).validate()
+
+
 def test_mlm_only_baseline_uses_no_clip():
     model = tiny_model(cross_layers=0, losses=["mlm"])
     assert model.clip is None and len(model.cross_layers) == 0

@@ -100,12 +100,18 @@ def summarize(totals: dict) -> dict:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, valid, make_batch: BatchMaker, settings: AdaptSettings, device) -> dict:
-    """Losses and accuracies on the first `eval_windows` valid windows, with a fixed masking seed."""
+    """Losses and accuracies on `eval_windows` valid windows, a fixed random sample, with a fixed masking seed.
+
+    The sample is shuffled like a training epoch: consecutive windows are cut from the same document, so
+    micro-batches of them would draw most MATCH negatives from the window's own article, a harder task
+    than the one trained (whose batches are random) and a different one on every corpus.
+    """
     model.eval()
     n = min(len(valid), settings.eval_windows)
+    sample = training.epoch_order(len(valid), settings.seed, -1)[:n]
     totals: dict = {}
     for i, start in enumerate(range(0, n, settings.micro_batch_size)):
-        rows = valid[np.arange(start, min(start + settings.micro_batch_size, n))]
+        rows = valid[np.sort(sample[start:start + settings.micro_batch_size])]
         batch = make_batch(rows, training.generator(settings.seed, -1, i))
         out = model(**{k: v.to(device) for k, v in batch.items()})
         _sum_counts(out, totals)

@@ -422,6 +422,7 @@ class XDBertConfig:
     losses: list = field(default_factory=lambda: list(LOSSES))
     placeholder: bool = False                    # replace CLIP by a learned sequence (control run)
     clip_eot_id: int = 49407                     # CLIP BPE's <|endoftext|>; the CLIP mask is built from it
+    init_range: float | None = None              # std of the new modules' normal init; None = the encoder's initializer_range
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -445,6 +446,8 @@ class XDBertConfig:
             raise PipelineError(f"`losses: {self.losses!r}` must be a non-empty list without repeats drawn from: {', '.join(LOSSES)}")
         if not isinstance(self.cross_layers, int) or self.cross_layers < 0:
             raise PipelineError(f"`cross_layers` must be an integer >= 0; got {self.cross_layers!r}")
+        if self.init_range is not None and (not isinstance(self.init_range, (int, float)) or isinstance(self.init_range, bool) or self.init_range <= 0):
+            raise PipelineError(f"`init_range` must be a positive number, or null for the encoder's initializer_range; got {self.init_range!r}")
         for key in ("clip_heads", "clip_blocks"):
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
@@ -474,7 +477,7 @@ class XDBertModel(nn.Module):
         width = enc.hidden_size
         act = getattr(enc, "hidden_act", "gelu")
         eps = getattr(enc, "layer_norm_eps", 1e-12)
-        std = getattr(enc, "initializer_range", 0.02)
+        std = config.init_range or getattr(enc, "initializer_range", 0.02)
         needs_tower = config.uses_clip and not config.placeholder
         if needs_tower != (clip is not None):
             raise ValueError(f"a CLIP tower is {'needed' if needs_tower else 'not used'} with cross_layers={config.cross_layers}, placeholder={config.placeholder}")
