@@ -172,6 +172,7 @@ def test_evaluation_reads_a_fixed_random_sample_of_valid_windows(data):
         runs.append((evaluate(model, valid, make_batch(data, s), s, "cpu"), valid.reads))
     (first, reads), (second, reads_again) = runs
     assert reads == reads_again and first == second
+    assert 0.5 <= first["match_majority"] <= 1 and first["match_majority"] * 8 == round(first["match_majority"] * 8)
     seen = [i for r in reads for i in r]
     assert [len(r) for r in reads] == [4, 4] and len(set(seen)) == 8
     assert seen != list(range(8)) and max(seen) >= 8  # not the first eight windows

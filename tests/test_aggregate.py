@@ -64,3 +64,17 @@ def test_commit_stamp_marks_code_and_param_changes_but_not_pipeline_outputs(tmp_
     assert not commit().endswith("+uncommitted changes")
     (tmp_path / "params.yaml").write_text("a: 2\n")
     assert commit().endswith("+uncommitted changes")
+
+
+def test_adaptation_table_shows_match_beside_its_majority_class():
+    from xdbert.reports import adaptation_table
+
+    table = adaptation_table({
+        "xdbert": {"steps": 32, "valid_mlm_accuracy": 0.27, "valid_mlm_perplexity": 94.0, "valid_match_accuracy": 0.54,
+                   "valid_match_majority": 0.54, "valid_cliptc_accuracy": 0.295},
+        "mlm": {"steps": 32, "valid_mlm_accuracy": 0.268, "valid_mlm_perplexity": 85.1},
+    })
+    rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert rows[0] == "| variant | steps | MLM acc. | MLM ppl. | MATCH acc. | MATCH majority | CLIPTC acc. |"
+    assert rows[2] == "| xdbert | 32 | 0.270 | 94.0 | 0.540 | 0.540 | 0.295 |"
+    assert rows[3] == "| mlm | 32 | 0.268 | 85.1 | - | - | - |"  # a loss the variant does not train: a dash

@@ -110,13 +110,22 @@ def evaluate(model: torch.nn.Module, valid, make_batch: BatchMaker, settings: Ad
     n = min(len(valid), settings.eval_windows)
     sample = training.epoch_order(len(valid), settings.seed, -1)[:n]
     totals: dict = {}
+    positives = 0
     for i, start in enumerate(range(0, n, settings.micro_batch_size)):
         rows = valid[np.sort(sample[start:start + settings.micro_batch_size])]
         batch = make_batch(rows, training.generator(settings.seed, -1, i))
         out = model(**{k: v.to(device) for k, v in batch.items()})
         _sum_counts(out, totals)
+        if "match_labels" in batch:
+            positives += int(batch["match_labels"].sum())
     model.train()
-    return summarize(totals)
+    metrics = summarize(totals)
+    if totals.get("match_count"):
+        # What a model that learned nothing scores on these windows: the negatives are drawn at random,
+        # so the two classes are only about even.
+        share = positives / totals["match_count"]
+        metrics["match_majority"] = max(share, 1 - share)
+    return metrics
 
 
 def adapt(

@@ -109,6 +109,7 @@ ADAPT_COLUMNS = (  # metrics/adapt/<variant>.json key, column, format
     ("valid_mlm_accuracy", "MLM acc.", "{:.3f}"),
     ("valid_mlm_perplexity", "MLM ppl.", "{:.1f}"),
     ("valid_match_accuracy", "MATCH acc.", "{:.3f}"),
+    ("valid_match_majority", "MATCH majority", "{:.3f}"),
     ("valid_cliptc_accuracy", "CLIPTC acc.", "{:.3f}"),
 )
 
@@ -119,8 +120,9 @@ def adaptation_table(metrics: dict[str, dict]) -> str:
     for name, m in metrics.items():
         lines.append(f"| {name} | " + " | ".join(f.format(m[k]) if k in m else "-" for k, _, f in ADAPT_COLUMNS) + " |")
     return ("\n## Adaptation (held-out valid windows, metrics/adapt/<variant>.json)\n\n" + "\n".join(lines) + "\n\n"
-            "A dash: the variant does not train that loss. MATCH: half of the windows see another window's CLIP text, "
-            "so chance is 0.50.\n")
+            "A dash: the variant does not train that loss. MATCH: each window sees another window's CLIP text with "
+            "probability 0.5; *MATCH majority* is the larger class's share of the sampled windows, what a model that "
+            "learned nothing scores.\n")
 
 
 def footnotes(n_boot: int) -> str:
