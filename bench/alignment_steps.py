@@ -6,20 +6,25 @@ random and, in the embedded profile, so is the CLIP tower. This measures how lon
 the easiest possible data, so the adapt stage's MATCH accuracy can be read against it.
 
 Data: `--words` words, each one BERT id and one CLIP id; a window is `--length` random words, the
-same on both sides ([CLS] w1..wn [SEP] and [SOT] w1..wn [EOT], so even positions line up). Model:
+same on both sides ([CLS] w1..wn [SEP] and [SOT] w1..wn [EOT], so even positions line up). With
+`--topics K`, K topics of `--topic-words` more words each; a window belongs to one topic, and each of
+its positions holds one of that topic's words with probability `--topic-share` (else a shared word),
+so a window and another window's text differ in topic, as wiki103 articles do. Model:
 `XDBertModel` with params.yaml's encoder config, CLIP tower and cross layers, losses `--losses`: MLM
 (BERT's masking) and MATCH (half the windows get another window's CLIP text), drawn by adaptation's own
 `masking.adaptation_inputs`, or MLM alone, where every window sees its own CLIP text. `--mlm-negatives
 own` keeps MLM targets only in windows that see their own CLIP text (`adapt.mlm_negatives: false`);
-`all` (the default, as in LXMERT) has them in the negatives too. AdamW at `--lr`, batch `--batch`.
+`all` (the default, as in LXMERT) has them in the negatives too. AdamW at `--lr`, batch `--batch`;
+the new modules start at normal(0, `--init-range`) (default: the encoder's 0.02).
 
 Reported: the MLM loss and MATCH accuracy over training (means over `--every` steps), the first
 step at which MLM falls below ln(words)/4 (copying from the CLIP side: without it the loss stays near
 ln(words) - 1) and at which MATCH accuracy exceeds 0.6, and the seconds per step.
 
     python bench/alignment_steps.py [--losses mlm,match] [--mlm-negatives all] [--steps 6000] [--words 20] [--length 8]
+                                    [--topics 0 --topic-words 12 --topic-share 0.5] [--init-range 0.02]
 
-Writes <out>/alignment_steps_<losses>[_own].md and .json (bench/results/alignment_steps_mlm_match.md by default).
+Writes <out>/alignment_steps_<losses>[_own][_topics<K>][_init<std>].md and .json (bench/results/alignment_steps_mlm_match.md by default).
 """
 from __future__ import annotations
 
@@ -41,9 +46,16 @@ CLS, SEP, MASK, FIRST_WORD = 2, 3, 4, 10      # BERT ids; ids below FIRST_WORD a
 SOT, EOT, FIRST_CLIP = 49406, 49407, 1000     # CLIP ids; word w is FIRST_CLIP + 7 * w
 
 
-def windows(words: int, length: int, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """(bert_ids (B, length + 2), clip_ids (B, 1, 77)) of the same random words."""
+def windows(words: int, length: int, batch: int, gen: torch.Generator, topics: int = 0, topic_words: int = 0,
+            topic_share: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bert_ids (B, length + 2), clip_ids (B, 1, 77)) of the same random words.
+
+    Word ids: 0..words-1 are shared; topic t owns words + t * topic_words .. + topic_words - 1."""
     w = torch.randint(words, (batch, length), generator=gen)
+    if topics:
+        topic = torch.randint(topics, (batch, 1), generator=gen)
+        own = words + topic * topic_words + torch.randint(topic_words, (batch, length), generator=gen)
+        w = torch.where(torch.rand(batch, length, generator=gen) < topic_share, own, w)
     bert = torch.cat([torch.full((batch, 1), CLS), FIRST_WORD + w, torch.full((batch, 1), SEP)], dim=1)
     clip = torch.zeros(batch, 1, 77, dtype=torch.long)
     clip[:, 0, 0], clip[:, 0, length + 1] = SOT, EOT
@@ -65,6 +77,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--words", type=int, default=20)
     ap.add_argument("--length", type=int, default=8)
+    ap.add_argument("--topics", type=int, default=0, help="topics a window belongs to (0: no topics)")
+    ap.add_argument("--topic-words", type=int, default=12, help="words of each topic, besides the --words shared ones")
+    ap.add_argument("--topic-share", type=float, default=0.5, help="chance that a position holds a word of the window's topic")
+    ap.add_argument("--init-range", type=float, default=None, help="std of the new modules' init (default: the encoder's)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--every", type=int, default=250)
@@ -78,19 +94,21 @@ def main() -> None:
 
     p = params.load(ROOT / "params.yaml")
     m, a = p["model"], p["adapt"]
+    vocab = args.words + args.topics * args.topic_words
     config = modeling.XDBertConfig(
-        encoder=m["encoder"], encoder_config=m.get("encoder_config") or {}, vocab_size=FIRST_WORD + args.words,
-        clip=m["clip"], clip_heads=a["clip_heads"], clip_blocks=1, cross_layers=a["cross_layers"], losses=losses)
+        encoder=m["encoder"], encoder_config=m.get("encoder_config") or {}, vocab_size=FIRST_WORD + vocab,
+        clip=m["clip"], clip_heads=a["clip_heads"], clip_blocks=1, cross_layers=a["cross_layers"], losses=losses,
+        init_range=args.init_range)
     model = modeling.XDBertModel.build(config)
     optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed)
 
     curve, window, t0 = [], [], time.time()
     for step in range(args.steps):
-        bert, clip = windows(args.words, args.length, args.batch, gen)
+        bert, clip = windows(args.words, args.length, args.batch, gen, args.topics, args.topic_words, args.topic_share)
         batch = masking.adaptation_inputs(
             {"bert_ids": bert, "bert_mask": torch.ones_like(bert), "clip_ids": clip}, losses, gen,
-            vocab_size=FIRST_WORD + args.words, special_ids=range(FIRST_WORD), mask_id=MASK, eot_id=EOT,
+            vocab_size=FIRST_WORD + vocab, special_ids=range(FIRST_WORD), mask_id=MASK, eot_id=EOT,
             mlm_negatives=args.mlm_negatives == "all")
         out = model(**batch)
         optimizer.zero_grad(set_to_none=True)
@@ -110,23 +128,28 @@ def main() -> None:
 def report(args: dict, m: dict, a: dict, curve: list[dict], seconds_per_step: float, out_dir: Path) -> None:
     """Write <out_dir>/alignment_steps_<losses>.json and .md from a training curve."""
     losses = args["losses"].split(",")
-    copy_at = next((c["step"] for c in curve if c["mlm_loss"] < math.log(args["words"]) / 4), None)
+    vocab = args["words"] + args["topics"] * args["topic_words"]
+    copy_at = next((c["step"] for c in curve if c["mlm_loss"] < math.log(vocab) / 4), None)
     match_at = next((c["step"] for c in curve if c.get("match_accuracy", 0) > 0.6), None)
     result = {"args": args, "encoder_config": m.get("encoder_config"), "clip": m["clip"],
               "cross_layers": a["cross_layers"], "seconds_per_step": seconds_per_step,
               "mlm_copies_from_step": copy_at, "match_above_0.6_from_step": match_at, "curve": curve}
     own = "match" in losses and args.get("mlm_negatives") == "own"
-    stem = "alignment_steps_" + "_".join(losses) + ("_own" if own else "")
+    stem = ("alignment_steps_" + "_".join(losses) + ("_own" if own else "") + (f"_topics{args['topics']}" if args["topics"] else "")
+            + (f"_init{args['init_range']}" if args["init_range"] else ""))
+    topics = (f" --topics {args['topics']} --topic-words {args['topic_words']} --topic-share {args['topic_share']}"
+              if args["topics"] else "")
+    init = f" --init-range {args['init_range']}" if args["init_range"] else ""
     io.write_json(out_dir / f"{stem}.json", result)
     never = f"not within {args['steps']} steps"
     lines = [
         "# Steps the cross layers need to line up the two towers (toy data)", "",
         f"`python bench/alignment_steps.py --losses {args['losses']}{' --mlm-negatives own' if own else ''} --steps {args['steps']} --words {args['words']} "
-        f"--length {args['length']} --lr {args['lr']} --batch {args['batch']}`; params.yaml's encoder config, "
+        f"--length {args['length']}{topics}{init} --lr {args['lr']} --batch {args['batch']}`; params.yaml's encoder config, "
         f"`{m['clip']}` CLIP tower and {a['cross_layers']} cross layers, random init, losses "
         f"{' + '.join(l.upper() for l in losses)}"
         + (", MLM targets only in windows that see their own CLIP text." if own else "."), "",
-        f"- MLM copies from the CLIP side (loss < ln({args['words']})/4 = {math.log(args['words']) / 4:.2f}) from step: "
+        f"- MLM copies from the CLIP side (loss < ln({vocab})/4 = {math.log(vocab) / 4:.2f}) from step: "
         f"**{copy_at or never}**",
         *([f"- MATCH accuracy above 0.6 from step: **{match_at or never}**"] if "match" in losses else []),
         f"- {seconds_per_step} s per step on {args['threads']} thread(s)", "",
