@@ -9,7 +9,10 @@ Data: `--words` words, each one BERT id and one CLIP id; a window is `--length` 
 same on both sides ([CLS] w1..wn [SEP] and [SOT] w1..wn [EOT], so even positions line up). With
 `--topics K`, K topics of `--topic-words` more words each; a window belongs to one topic, and each of
 its positions holds one of that topic's words with probability `--topic-share` (else a shared word),
-so a window and another window's text differ in topic, as wiki103 articles do. Model:
+so a window and another window's text differ in topic, as wiki103 articles do. `--cluster S` gives the
+words of each topic a shared direction in the token embeddings (each row becomes S * topic direction +
+(1 - S) * its random row), in both towers or only the language one (`--cluster-towers`), the way
+pretrained towers place related words near each other. Model:
 `XDBertModel` with params.yaml's encoder config, CLIP tower and cross layers, losses `--losses`: MLM
 (BERT's masking) and MATCH (half the windows get another window's CLIP text), drawn by adaptation's own
 `masking.adaptation_inputs`, or MLM alone, where every window sees its own CLIP text. `--mlm-negatives
@@ -22,9 +25,9 @@ step at which MLM falls below ln(words)/4 (copying from the CLIP side: without i
 ln(words) - 1) and at which MATCH accuracy exceeds 0.6, and the seconds per step.
 
     python bench/alignment_steps.py [--losses mlm,match] [--mlm-negatives all] [--steps 6000] [--words 20] [--length 8]
-                                    [--topics 0 --topic-words 12 --topic-share 0.5] [--init-range 0.02]
+                                    [--topics 0 --topic-words 12 --topic-share 0.5] [--init-range 0.02] [--cluster 0 --cluster-towers both]
 
-Writes <out>/alignment_steps_<losses>[_own][_topics<K>][_init<std>].md and .json (bench/results/alignment_steps_mlm_match.md by default).
+Writes <out>/alignment_steps_<losses>[_own][_topics<K>][_init<std>][_cluster<S>[_language]].md and .json (bench/results/alignment_steps_mlm_match.md by default).
 """
 from __future__ import annotations
 
@@ -63,6 +66,20 @@ def windows(words: int, length: int, batch: int, gen: torch.Generator, topics: i
     return bert, clip
 
 
+@torch.no_grad()
+def cluster_topics(model: modeling.XDBertModel, args: argparse.Namespace) -> None:
+    """Move each topic's word embeddings toward one random direction per topic and tower."""
+    towers = [(model.encoder.get_input_embeddings().weight, FIRST_WORD, 1)]
+    if args.cluster_towers == "both":
+        towers.append((model.clip.token_embedding.weight, FIRST_CLIP, 7))
+    for t in range(args.topics):
+        words = torch.arange(args.words + t * args.topic_words, args.words + (t + 1) * args.topic_words)
+        for weight, first, stride in towers:
+            rows = first + stride * words
+            direction = torch.randn(weight.shape[1]) * weight.std()
+            weight[rows] = args.cluster * direction + (1 - args.cluster) * weight[rows]
+
+
 def table(curve: list[dict], match: bool) -> list[str]:
     head = "| step | MLM loss | MATCH accuracy |\n| --- | --- | --- |" if match else "| step | MLM loss |\n| --- | --- |"
     rows = [f"| {c['step']} | {c['mlm_loss']:.3f} |" + (f" {c['match_accuracy']:.3f} |" if match else "") for c in curve]
@@ -81,6 +98,8 @@ def main() -> None:
     ap.add_argument("--topic-words", type=int, default=12, help="words of each topic, besides the --words shared ones")
     ap.add_argument("--topic-share", type=float, default=0.5, help="chance that a position holds a word of the window's topic")
     ap.add_argument("--init-range", type=float, default=None, help="std of the new modules' init (default: the encoder's)")
+    ap.add_argument("--cluster", type=float, default=0.0, help="weight of a shared direction in each topic's word embeddings")
+    ap.add_argument("--cluster-towers", default="both", choices=["both", "language"], help="which towers' embeddings --cluster shapes")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--every", type=int, default=250)
@@ -100,6 +119,8 @@ def main() -> None:
         clip=m["clip"], clip_heads=a["clip_heads"], clip_blocks=1, cross_layers=a["cross_layers"], losses=losses,
         init_range=args.init_range)
     model = modeling.XDBertModel.build(config)
+    if args.cluster:
+        cluster_topics(model, args)
     optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -136,17 +157,22 @@ def report(args: dict, m: dict, a: dict, curve: list[dict], seconds_per_step: fl
               "mlm_copies_from_step": copy_at, "match_above_0.6_from_step": match_at, "curve": curve}
     own = "match" in losses and args.get("mlm_negatives") == "own"
     stem = ("alignment_steps_" + "_".join(losses) + ("_own" if own else "") + (f"_topics{args['topics']}" if args["topics"] else "")
-            + (f"_init{args['init_range']}" if args["init_range"] else ""))
+            + (f"_init{args['init_range']}" if args["init_range"] else "")
+            + (f"_cluster{args['cluster']}" + ("" if args["cluster_towers"] == "both" else "_language") if args["cluster"] else ""))
     topics = (f" --topics {args['topics']} --topic-words {args['topic_words']} --topic-share {args['topic_share']}"
               if args["topics"] else "")
     init = f" --init-range {args['init_range']}" if args["init_range"] else ""
+    if args["cluster"]:
+        init += f" --cluster {args['cluster']}" + ("" if args["cluster_towers"] == "both" else " --cluster-towers language")
     io.write_json(out_dir / f"{stem}.json", result)
     never = f"not within {args['steps']} steps"
     lines = [
         "# Steps the cross layers need to line up the two towers (toy data)", "",
         f"`python bench/alignment_steps.py --losses {args['losses']}{' --mlm-negatives own' if own else ''} --steps {args['steps']} --words {args['words']} "
         f"--length {args['length']}{topics}{init} --lr {args['lr']} --batch {args['batch']}`; params.yaml's encoder config, "
-        f"`{m['clip']}` CLIP tower and {a['cross_layers']} cross layers, random init, losses "
+        f"`{m['clip']}` CLIP tower and {a['cross_layers']} cross layers, random init"
+        + (f" (each topic's word embeddings pulled toward a shared direction in the {args['cluster_towers']} tower(s))" if args["cluster"] else "")
+        + ", losses "
         f"{' + '.join(l.upper() for l in losses)}"
         + (", MLM targets only in windows that see their own CLIP text." if own else "."), "",
         f"- MLM copies from the CLIP side (loss < ln({vocab})/4 = {math.log(vocab) / 4:.2f}) from step: "
