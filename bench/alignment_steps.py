@@ -21,8 +21,8 @@ own` keeps MLM targets only in windows that see their own CLIP text (`adapt.mlm_
 the new modules start at normal(0, `--init-range`) (default: the encoder's 0.02).
 
 Reported: the MLM loss and MATCH accuracy over training (means over `--every` steps), the first
-step at which MLM falls below ln(words)/4 (copying from the CLIP side: without it the loss stays near
-ln(words) - 1) and at which MATCH accuracy exceeds 0.6, and the seconds per step.
+step at which MLM falls below ln(V)/4, V the vocabulary of shared and topic words (copying from the
+CLIP side: without it the loss stays near ln(V) - 1) and at which MATCH accuracy exceeds 0.6, and the seconds per step.
 
     python bench/alignment_steps.py [--losses mlm,match] [--mlm-negatives all] [--steps 6000] [--words 20] [--length 8]
                                     [--topics 0 --topic-words 12 --topic-share 0.5] [--init-range 0.02] [--cluster 0 --cluster-towers both]
@@ -107,6 +107,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for the report")
     args = ap.parse_args()
+    if args.cluster and not args.topics:
+        ap.error("--cluster shapes the topics' words: it needs --topics")
     losses = args.losses.split(",")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -156,20 +158,21 @@ def report(args: dict, m: dict, a: dict, curve: list[dict], seconds_per_step: fl
               "cross_layers": a["cross_layers"], "seconds_per_step": seconds_per_step,
               "mlm_copies_from_step": copy_at, "match_above_0.6_from_step": match_at, "curve": curve}
     own = "match" in losses and args.get("mlm_negatives") == "own"
-    stem = ("alignment_steps_" + "_".join(losses) + ("_own" if own else "") + (f"_topics{args['topics']}" if args["topics"] else "")
-            + (f"_init{args['init_range']}" if args["init_range"] else "")
-            + (f"_cluster{args['cluster']}" + ("" if args["cluster_towers"] == "both" else "_language") if args["cluster"] else ""))
-    topics = (f" --topics {args['topics']} --topic-words {args['topic_words']} --topic-share {args['topic_share']}"
-              if args["topics"] else "")
-    init = f" --init-range {args['init_range']}" if args["init_range"] else ""
-    if args["cluster"]:
-        init += f" --cluster {args['cluster']}" + ("" if args["cluster_towers"] == "both" else " --cluster-towers language")
+    # (command-line flags, file-name suffix) of each option that was used
+    language_only = args["cluster_towers"] == "language"
+    used = [(f" --topics {args['topics']} --topic-words {args['topic_words']} --topic-share {args['topic_share']}",
+             f"_topics{args['topics']}") if args["topics"] else None,
+            (f" --init-range {args['init_range']}", f"_init{args['init_range']}") if args["init_range"] else None,
+            (f" --cluster {args['cluster']}" + (" --cluster-towers language" if language_only else ""),
+             f"_cluster{args['cluster']}" + ("_language" if language_only else "")) if args["cluster"] else None]
+    flags = "".join(f for f, _ in filter(None, used))
+    stem = "alignment_steps_" + "_".join(losses) + ("_own" if own else "") + "".join(x for _, x in filter(None, used))
     io.write_json(out_dir / f"{stem}.json", result)
     never = f"not within {args['steps']} steps"
     lines = [
         "# Steps the cross layers need to line up the two towers (toy data)", "",
         f"`python bench/alignment_steps.py --losses {args['losses']}{' --mlm-negatives own' if own else ''} --steps {args['steps']} --words {args['words']} "
-        f"--length {args['length']}{topics}{init} --lr {args['lr']} --batch {args['batch']}`; params.yaml's encoder config, "
+        f"--length {args['length']}{flags} --lr {args['lr']} --batch {args['batch']}`; params.yaml's encoder config, "
         f"`{m['clip']}` CLIP tower and {a['cross_layers']} cross layers, random init"
         + (f" (each topic's word embeddings pulled toward a shared direction in the {args['cluster_towers']} tower(s))" if args["cluster"] else "")
         + ", losses "
