@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+from transformers import AutoConfig, AutoModelForMaskedLM, BertConfig, BertForMaskedLM, BertTokenizer
 
 from xdbert import masking, pretraining
 from xdbert.errors import PipelineError
@@ -59,6 +59,31 @@ def test_masking_targets_the_restatement_more(tmp_path):
     assert 0.10 < (targets & in_a).sum() / in_a.sum() < 0.20
     assert 0.45 < (targets & in_b).sum() / in_b.sum() < 0.55
     assert not (targets & ~real).any()
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta", "electra", "distilbert"])
+def test_target_logits_equal_the_full_heads_at_the_targets(tmp_path, model_type):
+    # bert, roberta, electra decode only the targets (MLM_HEAD_MODULES); distilbert takes its own forward
+    tok = tokenizer(tmp_path)
+    first, second = pretraining.restated_pairs(corpus(), 16, random.Random(3))
+    batch = pretraining.masked_batch(tok, first, second, settings(), torch.Generator().manual_seed(0))
+    if model_type != "bert":
+        batch.pop("token_type_ids")
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(AutoConfig.for_model(
+        model_type, vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=70, dim=32, n_layers=1, n_heads=2, hidden_dim=64)).eval()  # no dropout
+    logits, labels = pretraining.target_logits(model, batch)
+    targets = batch["labels"] != masking.IGNORE_INDEX
+    assert labels.tolist() == batch["labels"][targets].tolist() and logits.shape == (int(targets.sum()), len(tok))
+    reference = model(**batch)
+    assert torch.allclose(logits, reference.logits[targets], atol=1e-5)
+    loss = torch.nn.functional.cross_entropy(logits, labels)
+    assert torch.allclose(loss, reference.loss, atol=1e-6)
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    expected = torch.autograd.grad(reference.loss, list(model.parameters()), allow_unused=True)
+    for g, e in zip(grads, expected):
+        assert (g is None and e is None) or torch.allclose(g, e, atol=1e-6)
 
 
 def test_pretraining_learns_to_fill_the_restatement(tmp_path):
