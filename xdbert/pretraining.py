@@ -114,12 +114,13 @@ def target_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
     Families in `MLM_HEAD_MODULES` decode only the targets; any other family decodes every position through
     its own forward, which gives the same logits more slowly.
     """
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
     labels = batch["labels"]
     targets = labels != masking.IGNORE_INDEX
     heads = MLM_HEAD_MODULES.get(model.config.model_type)
     if heads is None:
-        return model(**{k: v for k, v in batch.items() if k != "labels"}).logits[targets], labels[targets]
-    hidden = model.base_model(**{k: v for k, v in batch.items() if k != "labels"}).last_hidden_state[targets]
+        return model(**inputs).logits[targets], labels[targets]
+    hidden = model.base_model(**inputs).last_hidden_state[targets]
     for name in heads:
         hidden = getattr(model, name)(hidden)
     return hidden, labels[targets]
