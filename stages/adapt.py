@@ -44,6 +44,13 @@ def settings_for(variant: str, p: dict) -> dict:
     for key in ("placeholder", "freeze_clip", "mlm_negatives", "compile"):
         params.flag(s[key], key_of(key))
     params.choice(s.get("precision", "auto"), key_of("precision"), ("auto", "bf16", "no"))
+    weights = s["loss_weights"]
+    if not isinstance(weights, dict) or set(weights) - set(LOSSES):
+        raise PipelineError(f"`{key_of('loss_weights')}` must map losses ({', '.join(LOSSES)}) to weights; got {weights!r}")
+    for name, w in weights.items():
+        params.positive(w, f"{key_of('loss_weights')}.{name}", float)
+    if s["init_range"] is not None:
+        params.positive(s["init_range"], key_of("init_range"), float)
     return s
 
 
@@ -75,8 +82,16 @@ def main() -> None:
         encoder=pretraining.encoder_source(m), encoder_config=m.get("encoder_config") or {}, vocab_size=len(tok),
         clip=m["clip"], clip_pretrained=m["clip_pretrained"], clip_heads=s["clip_heads"],
         clip_blocks=manifest["n_blocks"], cross_layers=s["cross_layers"], losses=s["losses"],
-        placeholder=s["placeholder"], clip_eot_id=eot)
+        placeholder=s["placeholder"], clip_eot_id=eot, init_range=s["init_range"])
     model = modeling.XDBertModel.build(config)
+    if model.clip is not None:
+        # The tower as the `pretrained` stage left it: the downloaded weights (paper profile) or the
+        # embedded profile's stand-in, a random tower trained as a causal language model on the corpus.
+        tower, saved = modeling.load_clip_tower("models/pretrained/clip")
+        if (saved["clip"], saved["clip_pretrained"]) != (m["clip"], m["clip_pretrained"]):
+            raise PipelineError(f"models/pretrained/clip holds {saved['clip']} ({saved['clip_pretrained'] or 'random init'}), "
+                                f"params ask for {m['clip']} ({m['clip_pretrained'] or 'random init'}): run `dvc repro pretrained`")
+        model.clip.load_state_dict(tower.state_dict())
     if s["freeze_clip"] and model.clip is not None:
         model.clip.requires_grad_(False)
 

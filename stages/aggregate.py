@@ -56,7 +56,11 @@ def main() -> None:
 
     paper = p["profile"] == "paper"
     seeds = f"{len(f['seeds'])} per task ({', '.join(map(str, f['seeds']))}), {len(f['rte_seeds'])} for RTE"
-    models = f"encoder `{p['model']['encoder']}`, CLIP `{p['model']['clip']}` ({p['model']['clip_pretrained'] or 'random init'})"
+    m, clip_steps = p["model"], p["pretrain"]["clip_steps"]
+    encoder_origin = " (pretrained on the corpus by `pretrain_encoder`)" if m["encoder"].startswith("random:") else ""
+    clip_origin = m["clip_pretrained"] or (f"random init + {clip_steps} steps of next-token prediction on the corpus"
+                                          if clip_steps else "random init")
+    models = f"encoder `{m['encoder']}`{encoder_origin}, CLIP `{m['clip']}` ({clip_origin})"
     results: dict = {}
 
     def write(name: str, title: str, runs: dict[str, str], task_list: list[str], row_tasks: dict[str, list[str]],

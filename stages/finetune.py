@@ -49,9 +49,12 @@ def check_settings(f: dict, tasks: list) -> tuple[dict, dict[str, list[int]], in
     lr = params.get(f, "lr", "finetune")
     seeds = {}
     for task in tasks:
-        for size in ("base", "large"):
-            value = (lr.get(task.name) or {}).get(size) if isinstance(lr, dict) else None
-            params.positive(value, f"finetune.lr.{task.name}.{size}", float)
+        rates = (lr.get(task.name) or {}) if isinstance(lr, dict) else {}
+        unknown = sorted(set(rates) - {"base", "large", "full"}) if isinstance(rates, dict) else []
+        if unknown:
+            raise PipelineError(f"`finetune.lr.{task.name}` has unknown keys {unknown}; allowed: base, large, full (the full cross-modal model)")
+        for size in ("base", "large", *(["full"] if "full" in rates else [])):
+            params.positive(rates.get(size) if isinstance(rates, dict) else None, f"finetune.lr.{task.name}.{size}", float)
         key = "rte_seeds" if task.name == "rte" else "seeds"
         chosen = params.get(f, key, "finetune")
         if not isinstance(chosen, list) or not chosen:
@@ -109,7 +112,7 @@ def main() -> None:
         model_dir = Path(KINDS[kind][0].format(name))
         job = ft.prepare(kind, model_dir, task, tables, ft.FinetuneSettings(lr=0.0, **settings), tokenizer_dir=TOKENIZER_DIR)
         # Table 5: the rate depends on the task and on the model's size, known once its config is read
-        job.settings = dataclasses.replace(job.settings, lr=ft.learning_rate(f["lr"], task, ft.size_of(job.width)))
+        job.settings = dataclasses.replace(job.settings, lr=ft.learning_rate(f["lr"], task, ft.size_of(job.width), kind))
         job.checkpoint_dir = str(CHECKPOINT_DIR / task.name / run_name)
         jobs.append(job)
     # Every (model, seed) of the task goes to one pool: no worker idles while another finishes its share.

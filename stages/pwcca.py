@@ -2,13 +2,14 @@
 
     params: profile, model.{encoder, encoder_config, clip, clip_pretrained, seed},
             pwcca.{electra, clip_tower, pairs, eps, weight_by, min_words_ratio, seed}
-    deps:   models/tokenizer (the language encoder's vocabulary), models/pretrained/encoder
+    deps:   models/tokenizer (the language encoder's vocabulary), models/pretrained/encoder,
+            models/pretrained/clip (CLIP-T as the adaptation starts from it)
     outs:   reports/table2.md, results/pwcca.json
 
 Systems: `encoder` (the ORIGINAL language encoder, before adaptation), `electra` (a second encoder,
 `pwcca.electra`), `clip` (CLIP-T's token embedding) and `random` (uniform noise shaped like the
-encoder's rows). Models are rebuilt exactly as the adapt stage starts from them:
-`torch.manual_seed(model.seed)`, then the encoder (for `random:<type>` the pretrain_encoder stand-in), then the CLIP tower. Every pair is compared over
+encoder's rows). Models are loaded as the adapt stage starts from them: the encoder (for `random:<type>`
+the pretrain_encoder stand-in) and the CLIP tower of the `pretrained` stage. Every pair is compared over
 ONE word set: the whole lowercase words present in every vocabulary the pairs involve.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ SYSTEMS = ("encoder", "electra", "clip", "random")
 PAPER = {("encoder", "electra"): 0.5498, ("encoder", "clip"): 0.4980, ("electra", "clip"): 0.4645,
          ("encoder", "random"): 0.3569}
 TOKENIZER = "models/tokenizer"
+PRETRAINED_CLIP = "models/pretrained/clip"
 
 
 def read_params() -> tuple[dict, dict, dict]:
@@ -48,7 +50,7 @@ def read_params() -> tuple[dict, dict, dict]:
     clip_tower = P.get(s, "clip_tower", "pwcca")
     if clip_tower and not (Path(clip_tower) / "clip_config.json").is_file():
         raise PipelineError(f"`pwcca.clip_tower: {clip_tower}` is not a saved CLIP tower folder (no clip_config.json); "
-                            f"leave it empty to build CLIP-T from `model.clip` / `model.clip_pretrained`")
+                            f"leave it empty for the tower the adaptation starts from ({PRETRAINED_CLIP})")
     return p, m, s
 
 
@@ -63,25 +65,19 @@ def main() -> None:
     from xdbert import pretraining
     from xdbert.analysis import pwcca as W
     from xdbert.clip import clip_tokenizer
-    from xdbert.modeling import CLIPTextTower, build_language_encoder
+    from xdbert.modeling import build_language_encoder, load_clip_tower
     from xdbert.reports import header
     from xdbert.tokenization import load_encoder_tokenizer
 
     tokenizer = load_encoder_tokenizer(TOKENIZER)
     vocab = tokenizer.get_vocab()
-    # Same order and seed as the adapt stage: encoder first, then the CLIP tower.
-    torch.manual_seed(m["seed"])
+    torch.manual_seed(m["seed"])  # as the adapt stage builds the encoder
     encoder = build_language_encoder(pretraining.encoder_source(m), m.get("encoder_config"), vocab_size=len(vocab))
     matrices = {"encoder": encoder.get_input_embeddings().weight.detach().double().numpy()}
     words = {"encoder": W.wordpiece_words(vocab)}
     if "clip" in used:
-        if s["clip_tower"]:
-            from xdbert.finetuning import load_clip_tower
-
-            tower, cfg = load_clip_tower(s["clip_tower"])
-            clip_name = cfg["clip"]
-        else:
-            tower, clip_name = CLIPTextTower.build(m["clip"], m.get("clip_pretrained", "")), m["clip"]
+        tower, cfg = load_clip_tower(s["clip_tower"] or PRETRAINED_CLIP)
+        clip_name = cfg["clip"]
         matrices["clip"] = tower.token_embedding.weight.detach().double().numpy()
         words["clip"] = W.clip_bpe_words(clip_tokenizer(clip_name).encoder)
     if "electra" in used:

@@ -19,7 +19,7 @@ import yaml
 from transformers import AutoModel, AutoTokenizer
 
 from xdbert import corpus, modeling, shards, tokenization
-from xdbert.adaptation import AdaptSettings, BatchMaker, adapt
+from xdbert.adaptation import AdaptSettings, BatchMaker, adapt, weighted_loss
 from xdbert.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,8 +41,9 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """A folder as the corpus, tokenize and pretrain_encoder stages leave it: data/corpus, data/shards,
-    models/tokenizer and models/pretrained/encoder (a random tiny BERT: these tests do not need it trained)."""
+    """A folder as the corpus, tokenize, pretrain_encoder and pretrained stages leave it: data/corpus,
+    data/shards, models/tokenizer, models/pretrained/encoder and models/pretrained/clip (a random tiny BERT
+    and a random CLIP tower: these tests do not need them trained)."""
     root = tmp_path_factory.mktemp("repo")
     corpus.write_corpus(corpus.generate_corpus(6, 12, seed=0), root / "data" / "corpus")
     settings = tokenization.Settings(vocab_size=300, max_len=32, n_blocks=1, shard_windows=32, max_overflow=0.1,
@@ -53,6 +54,7 @@ def repo(tmp_path_factory) -> Path:
     vocab_size = len(AutoTokenizer.from_pretrained(str(root / "models" / "tokenizer")))
     torch.manual_seed(0)
     modeling.build_masked_lm("random:bert", TINY_BERT, vocab_size).save_pretrained(root / "models" / "pretrained" / "encoder")
+    modeling.save_clip_tower(modeling.CLIPTextTower.build(CLIP), root / "models" / "pretrained" / "clip", CLIP)
     return root
 
 
@@ -135,6 +137,22 @@ def test_training_lowers_each_loss(trained):
     assert m["train_mlm_accuracy"] > m["first_mlm_accuracy"]
     for name in LOSSES:  # valid metrics come from the fixed-seed evaluation on the valid split
         assert np.isfinite(m[f"valid_{name}_loss"]) and 0 <= m[f"valid_{name}_accuracy"] <= 1
+
+
+def test_loss_weights_scale_each_objective_in_the_trained_loss(data):
+    model = build_model(data).eval()  # no dropout: two forward passes give the same losses
+    batch = make_batch(data, settings())(data[0][np.arange(8)], torch.Generator().manual_seed(0))
+    out = model(**batch)
+    assert torch.equal(weighted_loss(out, None), out["loss"])  # no weights: the paper's unweighted sum
+    expected = out["mlm_loss"] + 5 * out["match_loss"] + 0.5 * out["cliptc_loss"]
+    assert torch.allclose(weighted_loss(out, {"match": 5.0, "cliptc": 0.5}), expected)
+
+    def match_head_grad(weights):
+        model.zero_grad()
+        weighted_loss(model(**batch), weights).backward()
+        return model.match_head.classifier.weight.grad.clone()  # only MATCH reaches the MATCH head
+
+    assert torch.allclose(match_head_grad({"match": 5.0}), 5 * match_head_grad(None), rtol=1e-4, atol=1e-7)
 
 
 def test_learning_rate_follows_warmup_then_linear_decay(trained):
@@ -318,6 +336,11 @@ ERRORS = {
     "variant_epochs": ("two_epochs", {"adapt.variants.two_epochs": {"epochs": 0}}, False,
                        ["`adapt.variants.two_epochs.epochs` must be a positive integer; got 0"]),
     "negative_lr": ("xdbert", {"adapt.lr": -1}, False, ["`adapt.lr` must be a positive number; got -1"]),
+    "unknown_loss_weight": ("xdbert", {"adapt.loss_weights": {"mlm": 1.0, "itm": 2.0}}, False,
+                            ["`adapt.loss_weights` must map losses (mlm, match, cliptc) to weights", "'itm'"]),
+    "zero_loss_weight": ("mlm_match", {"adapt.variants.mlm_match": {"loss_weights": {"match": 0}}}, False,
+                         ["`adapt.variants.mlm_match.loss_weights.match` must be a positive number; got 0"]),
+    "negative_init_range": ("xdbert", {"adapt.init_range": -0.02}, False, ["`adapt.init_range` must be a positive number; got -0.02"]),
     "flag_not_bool": ("xdbert", {"adapt.mlm_negatives": "no"}, False, ["`adapt.mlm_negatives` must be true or false; got 'no'"]),
     "unknown_encoder_type": ("xdbert", {**TINY_MODEL, "model.encoder": "random:notamodel"}, False,
                              ["`model.encoder: random:notamodel`", "random:<model_type>", "bert"]),

@@ -371,6 +371,11 @@ def test_paper_learning_rates_by_task_and_size():
     assert ft.learning_rate(table, get_task("swag"), ft.size_of(1024)) == 1e-5
     with pytest.raises(PipelineError, match="finetune.lr"):
         ft.learning_rate({"mnli": {"base": 1e-3}}, get_task("rte"), "base")
+    # the full cross-modal model takes the task's `full` rate where there is one, else the encoder's
+    table["rte"]["full"] = 3e-5
+    assert ft.learning_rate(table, get_task("rte"), "base", "full") == 3e-5
+    assert ft.learning_rate(table, get_task("rte"), "base", "encoder") == 1e-4
+    assert ft.learning_rate(table, get_task("stsb"), "base", "full") == 1e-4
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -476,6 +481,8 @@ def test_runs_of_a_task_follow_the_tables():
     (("mrpc",), None, "task mrpc lacks split file(s)"),
     (("rte",), {"rte_seeds": []}, "`finetune.rte_seeds` must be a non-empty list"),
     (("sst2",), {"lr": {"sst2": {"base": 1e-3}}}, "`finetune.lr.sst2.large` must be a positive number"),
+    (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "full": 0}}}, "`finetune.lr.sst2.full` must be a positive number"),
+    (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "xl": 1e-3}}}, "`finetune.lr.sst2` has unknown keys ['xl']; allowed: base, large, full"),
     (("sst2",), {"full_models": ["tiny"]}, "model folder models/crossmodal/tiny is missing"),
     (("sst2", "extra"), None, "usage: python stages/finetune.py TASK"),
 ])
@@ -505,7 +512,7 @@ def test_stage_fails_on_a_missing_split_file(workdir, monkeypatch, capsys):
 def crossmodal_dirs(tmp_path_factory, bert_dir):
     from transformers import AutoTokenizer
 
-    from xdbert.modeling import CLIPTextTower, XDBertConfig, XDBertModel, save_full
+    from xdbert.modeling import CLIPTextTower, XDBertConfig, XDBertModel, save_clip_tower, save_full
 
     root = tmp_path_factory.mktemp("xmodels")
     torch.manual_seed(0)
@@ -514,7 +521,7 @@ def crossmodal_dirs(tmp_path_factory, bert_dir):
                           encoder_config={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                                           "intermediate_size": 64, "max_position_embeddings": 64})
     save_full(XDBertModel.build(config), root / "full")
-    ft.save_clip_tower(CLIPTextTower.build("xdbert-tiny"), root / "clip", clip="xdbert-tiny")
+    save_clip_tower(CLIPTextTower.build("xdbert-tiny"), root / "clip", clip="xdbert-tiny")
     return root
 
 

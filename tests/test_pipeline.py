@@ -31,7 +31,7 @@ def repo(tmp_path_factory) -> Path:
     p["corpus"].update(n_docs=24, sentences_per_doc=12)
     p["model"]["encoder_config"].update(hidden_size=32, intermediate_size=64, max_position_embeddings=64)
     p["tokenize"].update(max_len=48, n_blocks=2, vocab_size=600, validate_windows=8)
-    p["pretrain"].update(steps=20, batch_size=8, checkpoint_every=10, max_len=48)
+    p["pretrain"].update(steps=20, clip_steps=20, batch_size=8, checkpoint_every=10, max_len=48)
     p["adapt"].update(batch_size=8, micro_batch_size=8, eval_windows=16, checkpoint_every=5)
     # the whole graph runs in test_the_whole_graph_runs_then_skips: four tasks, few examples and seeds
     p["tasks"].update(names=["rte", "mrpc", "stsb", "cola"], train_size=32, dev_size=16)
@@ -65,7 +65,10 @@ def test_repro_runs_then_skips_then_reruns_only_what_changed(repo):
 
 
 def test_exp_run_with_more_epochs_reruns_adapt_only(repo):
-    sh("dvc", "repro", "adapt@mlm", cwd=repo)
+    first = sh("dvc", "repro", "adapt@mlm", cwd=repo)
+    assert {"pretrain_encoder", "pretrained", "adapt@mlm"} <= ran(first)  # both towers' stand-ins come first
+    clip = yaml.safe_load((repo / "metrics/pretrain_clip.json").read_text())
+    assert clip["steps"] == 20 and clip["last_lm_loss"] < clip["first_lm_loss"]
     sh("git", "add", "-A", cwd=repo)
     sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline run", cwd=repo)
     log = sh("dvc", "exp", "run", "-S", "adapt.epochs=2", "adapt@mlm", cwd=repo)
@@ -81,8 +84,10 @@ def test_the_whole_graph_runs_then_skips(repo):
     reports and pictures exist and link each other, and a second `dvc repro` runs nothing."""
     first = sh("dvc", "repro", cwd=repo)
     stages = {s.split("@")[0] for s in ran(first)} | {s for s in ran(first)}
-    assert (repo / "models/pretrained/encoder/config.json").is_file()  # pretrain_encoder ran (here or for adapt@mlm above)
-    for name in ("tasks", "pretrained", "adapt_baseline", "aggregate", "pwcca", "grounding", "attention"):
+    # pretrain_encoder and pretrained ran, here or for adapt@mlm above
+    assert (repo / "models/pretrained/encoder/config.json").is_file()
+    assert (repo / "models/pretrained/clip/clip_config.json").is_file()
+    for name in ("tasks", "adapt_baseline", "aggregate", "pwcca", "grounding", "attention"):
         assert name in stages, first
     for task in ("rte", "mrpc", "stsb", "cola"):
         assert f"finetune@{task}" in stages

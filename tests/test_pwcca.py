@@ -152,7 +152,7 @@ def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
     from transformers import BertTokenizer, ElectraConfig, ElectraModel
 
     from xdbert.clip import clip_tokenizer
-    from xdbert.modeling import build_masked_lm
+    from xdbert.modeling import CLIPTextTower, build_masked_lm, save_clip_tower
 
     clip_words = sorted(P.clip_bpe_words(clip_tokenizer("xdbert-tiny").encoder).items(), key=lambda kv: kv[1])
     words = [w for w, _ in clip_words[:400]]
@@ -174,6 +174,8 @@ def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
     # what pretrain_encoder leaves for a random:bert encoder (untrained here: the test checks the table's machinery)
     build_masked_lm("random:bert", params["model"]["encoder_config"], len(vocab)).save_pretrained(
         tmp_path / "models" / "pretrained" / "encoder")
+    # and what the `pretrained` stage leaves: the CLIP tower adaptation starts from
+    save_clip_tower(CLIPTextTower.build("xdbert-tiny"), tmp_path / "models" / "pretrained" / "clip", "xdbert-tiny")
     monkeypatch.chdir(tmp_path)
     load_stage("pwcca").main()
 

@@ -40,6 +40,7 @@ class AdaptSettings:
     mlm_negatives: bool = True
     max_grad_norm: float = 1.0
     compile: bool = False  # torch.compile the model for the training steps
+    loss_weights: dict | None = None  # loss name -> weight in the sum that is trained; absent = 1 (the paper)
 
 
 class BatchMaker:
@@ -58,6 +59,14 @@ class BatchMaker:
         return masking.adaptation_inputs(batch, self.losses, gen, mlm_prob=self.s.mlm_prob,
                                          match_prob=self.s.match_prob, cliptc_prob=self.s.cliptc_prob,
                                          mlm_negatives=self.s.mlm_negatives, **self.token_ids)
+
+
+def weighted_loss(out: dict, weights: dict | None) -> torch.Tensor:
+    """The trained loss: the model's objectives summed, each times its weight (1 when not given)."""
+    if not weights:
+        return out["loss"]
+    return sum(float(weights.get(name, 1.0)) * out[f"{name}_loss"] for name in ("mlm", "match", "cliptc")
+               if f"{name}_loss" in out)
 
 
 def _sum_counts(out: dict, totals: dict) -> None:
@@ -189,7 +198,7 @@ def adapt(
             with accelerator.no_sync(model) if not sync else contextlib.nullcontext():
                 with accelerator.autocast():
                     out = forward(**batch)
-                loss = out["loss"] * (len(m) * weight)
+                loss = weighted_loss(out, s.loss_weights) * (len(m) * weight)
                 training.check_finite(out["loss"].detach(), step, "adapt")
                 accelerator.backward(loss)
             if weight:

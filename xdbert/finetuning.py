@@ -49,8 +49,6 @@ from xdbert.tasks.registry import TaskSpec
 
 KINDS = ("encoder", "clip", "full")
 LARGE_WIDTH = 1024          # Table 5: "large" models (BERT-l, ELECTRA-l) are 1024 wide
-CLIP_CONFIG_FILE = "clip_config.json"
-CLIP_WEIGHTS_FILE = "model.safetensors"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -77,9 +75,15 @@ class FinetuneSettings:
     compile: bool = False             # torch.compile the model (lengths dynamic); pays off on long GPU runs
 
 
-def learning_rate(table: dict, spec: TaskSpec, size: str) -> float:
-    """`table[task][size]`: the paper's Table 5 written out per task, so one task's rate can change alone."""
+def learning_rate(table: dict, spec: TaskSpec, size: str, kind: str = "encoder") -> float:
+    """`table[task][size]`: the paper's Table 5 written out per task, so one task's rate can change alone.
+
+    The full cross-modal model (Table 8, whose rates the paper does not give) takes `table[task]["full"]`
+    where the task has one, else the same rate as the encoder.
+    """
     try:
+        if kind == "full" and "full" in table[spec.name]:
+            return float(table[spec.name]["full"])
         return float(table[spec.name][size])
     except (KeyError, TypeError) as e:
         raise PipelineError(f"`finetune.lr` needs `{spec.name}: {{{size}: <lr>}}` (Table 5: base 1e-4 for RTE, "
@@ -247,39 +251,6 @@ class ClipTowerClassifier(nn.Module):
         return _unflat(self.out(self.dropout(features)), lead)
 
 
-def save_clip_tower(tower: nn.Module, directory: str | Path, clip: str, clip_pretrained: str = "",
-                    clip_quick_gelu: bool | None = None) -> Path:
-    """Write a CLIP text tower as the `clip` kind reads it: clip_config.json + model.safetensors.
-
-    `clip_quick_gelu=None` is resolved as the tower was built (from the pretrained tag), so the
-    reader rebuilds the same activation before loading the weights.
-    """
-    from safetensors.torch import save_model
-
-    from xdbert.modeling import clip_uses_quick_gelu
-
-    if clip_quick_gelu is None:
-        clip_quick_gelu = clip_uses_quick_gelu(clip, clip_pretrained)
-    with io.atomic_path(directory, is_dir=True) as tmp:
-        tmp.mkdir(parents=True, exist_ok=True)
-        io.write_json(tmp / CLIP_CONFIG_FILE, {"clip": clip, "clip_pretrained": clip_pretrained, "clip_quick_gelu": clip_quick_gelu})
-        save_model(tower, str(tmp / CLIP_WEIGHTS_FILE))
-    return Path(directory)
-
-
-def load_clip_tower(directory: str | Path) -> tuple[nn.Module, dict]:
-    """(tower, config) from a folder written by `save_clip_tower`; the weights come from the folder."""
-    from safetensors.torch import load_model
-
-    from xdbert.modeling import CLIPTextTower
-
-    directory = Path(directory)
-    config = io.read_json(directory / CLIP_CONFIG_FILE)
-    tower = CLIPTextTower.build(config["clip"], "", config.get("clip_quick_gelu"))
-    load_model(tower, str(directory / CLIP_WEIGHTS_FILE), strict=True)
-    return tower, config
-
-
 # ----------------------------------------------------------------------------------------------------
 # 3. Optimizer groups
 # ----------------------------------------------------------------------------------------------------
@@ -389,7 +360,7 @@ def prepare(kind: str, model_path: str | Path, spec: TaskSpec, tables: dict, set
         width = AutoConfig.from_pretrained(model_path).hidden_size
         encoder_head_class(model_path, spec)
     else:
-        from xdbert import modeling  # noqa: F401  (open_clip and the cross-modal model)
+        from xdbert import modeling  # open_clip and the cross-modal model
 
         if kind == "full":
             clip_name = io.read_json(model_path / "xdbert_config.json")["clip"]
@@ -399,7 +370,7 @@ def prepare(kind: str, model_path: str | Path, spec: TaskSpec, tables: dict, set
 
             from xdbert.clip import register_configs
 
-            clip_name = io.read_json(model_path / CLIP_CONFIG_FILE)["clip"]
+            clip_name = io.read_json(model_path / modeling.CLIP_CONFIG_FILE)["clip"]
             register_configs()
             width = open_clip.get_model_config(clip_name)["text_cfg"]["width"]
         to_blocks, eot_id = fd.clip_block_encoder(clip_name)
@@ -460,9 +431,9 @@ def build_model(job: Job) -> nn.Module:
     """The model of `job.kind` with a fresh task head (initialised from the current torch RNG)."""
     if job.kind == "encoder":
         return EncoderClassifier(job.model_path, job.spec)
-    if job.kind == "full":
-        from xdbert.modeling import load_full
+    from xdbert.modeling import load_clip_tower, load_full
 
+    if job.kind == "full":
         model = FullModelClassifier(load_full(job.model_path), job.spec, job.settings.dropout)
         tower = model.xd.clip  # the CLIPTC decoder tied to its embedding was dropped with the heads
     else:

@@ -46,7 +46,7 @@ from transformers.activations import ACT2FN
 from xdbert.clip import check_name, clip_block_mask, register_configs
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request
-from xdbert.io import atomic_path
+from xdbert.io import atomic_path, read_json, write_json
 
 LOSSES = ("mlm", "match", "cliptc")
 IGNORE_INDEX = -100  # label of positions without a target, as in transformers and F.cross_entropy
@@ -696,6 +696,42 @@ def count_parameters(model: XDBertModel, part: str = "backbone") -> int:
     if part not in parts:
         raise PipelineError(f"unknown part {part!r}; allowed: {', '.join(PARTS)}")
     return sum(p.numel() for p in parts[part].values())
+
+
+CLIP_CONFIG_FILE = "clip_config.json"   # a saved CLIP text tower: what it is ...
+CLIP_WEIGHTS_FILE = "model.safetensors"  # ... and its weights
+
+
+def save_clip_tower(tower: nn.Module, directory: str | Path, clip: str, clip_pretrained: str = "",
+                    clip_quick_gelu: bool | None = None) -> Path:
+    """Write a CLIP text tower (the `pretrained` stage's output, the `clip` finetuning kind's input):
+    clip_config.json + model.safetensors.
+
+    `clip_quick_gelu=None` is resolved as the tower was built (from the pretrained tag), so the
+    reader rebuilds the same activation before loading the weights.
+    """
+    from safetensors.torch import save_model
+
+    if clip_quick_gelu is None:
+        clip_quick_gelu = clip_uses_quick_gelu(clip, clip_pretrained)
+    with atomic_path(directory, is_dir=True) as tmp:
+        tmp.mkdir(parents=True, exist_ok=True)
+        write_json(tmp / CLIP_CONFIG_FILE, {"clip": clip, "clip_pretrained": clip_pretrained, "clip_quick_gelu": clip_quick_gelu})
+        save_model(tower, str(tmp / CLIP_WEIGHTS_FILE))
+    return Path(directory)
+
+
+def load_clip_tower(directory: str | Path) -> tuple[CLIPTextTower, dict]:
+    """(tower, config) from a folder written by `save_clip_tower`; the weights come from the folder."""
+    from safetensors.torch import load_model
+
+    directory = Path(directory)
+    if not (directory / CLIP_CONFIG_FILE).is_file():
+        raise PipelineError(f"{directory} is not a saved CLIP text tower (no {CLIP_CONFIG_FILE}): run `dvc repro pretrained`")
+    config = read_json(directory / CLIP_CONFIG_FILE)
+    tower = CLIPTextTower.build(config["clip"], "", config.get("clip_quick_gelu"))
+    load_model(tower, str(directory / CLIP_WEIGHTS_FILE), strict=True)
+    return tower, config
 
 
 def save_adapted(model: XDBertModel, directory: str | Path, tokenizer_dir: str | Path) -> Path:

@@ -1,4 +1,4 @@
-"""The embedded profile's stand-in for a pretrained language encoder.
+"""The embedded profile's stand-ins for a pretrained language encoder and a pretrained CLIP text tower.
 
 The paper adapts BERT/ELECTRA as released: encoders whose attention already lines up matching words of
 two texts, which QNLI, QQP and MATCH all need. A random-init encoder has no such heads, and a few hundred
@@ -8,7 +8,8 @@ words rotated half of the time, so a fixed offset cannot copy) and is masked far
 are found by looking up the same words in the first sentence.
 
 Hub encoders (the paper profile) are used as downloaded: `encoder_source` returns their name unchanged
-and no stand-in is trained for them.
+and no stand-in is trained for them. Likewise a random CLIP tower is first trained as a causal language
+model on the corpus (`pretrain_clip`), while pretrained CLIP weights are used as downloaded.
 """
 from __future__ import annotations
 
@@ -133,8 +134,57 @@ def pretrain(model: torch.nn.Module, tokenizer, sentences: list[str], s: Pretrai
     Each step's pairs and masking are drawn from (seed, step), so a resumed run takes the same steps.
     Returns the mean loss and target accuracy of the first and last 10% of the steps.
     """
+    def step_loss(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first, second = restated_pairs(sentences, s.batch_size, random.Random(training.step_seed(s.seed, step)))
+        batch = masked_batch(tokenizer, first, second, s, training.generator(s.seed, step, 1))
+        return target_logits(model, batch)
+
+    return _train(model, s, "mlm", step_loss, len(sentences), checkpoint, log, stop_after)
+
+
+def pretrain_clip(tower: torch.nn.Module, blocks: torch.Tensor, eot_id: int, s: PretrainSettings, checkpoint: Path,
+                  log: Callable[[dict, int], None] | None = None, stop_after: int | None = None) -> dict:
+    """Train a random CLIP text tower as a causal language model on CLIP blocks (N, 77) for `s.steps` steps.
+
+    The embedded profile's stand-in for CLIP's pretraining (it has no images): its text tower is causal, so
+    predicting each next token is the objective it can learn from text alone. MATCH needs it: beside a
+    random tower the cross layers never learned to compare the two texts (README). The decoder is tied
+    to the token embedding and scores only the ids that occur in `blocks`: the other ~45,000 of CLIP's
+    49,408 are never a target, and decoding them at every position would be most of each step.
+    Returns the mean loss and next-token accuracy of the first and last 10% of the steps.
+    """
+    from xdbert.clip import clip_block_mask
+    from xdbert.tokenization import CLIP_CONTEXT
+
+    if blocks.ndim != 2 or blocks.shape[1] != CLIP_CONTEXT or len(blocks) == 0:
+        raise PipelineError(f"CLIP pretraining needs blocks of shape (N, {CLIP_CONTEXT}) with N > 0; got {tuple(blocks.shape)}")
+    mask = clip_block_mask(blocks[:, None], eot_id)[:, 0]
+    blocks, mask = blocks[mask.sum(1) > 2], mask[mask.sum(1) > 2]  # a block with text: [SOT] w... [EOT]
+    vocab = torch.unique(blocks[mask.bool()])
+    to_class = torch.full((int(vocab.max()) + 1,), masking.IGNORE_INDEX, dtype=torch.long)
+    to_class[vocab] = torch.arange(len(vocab))
+
+    def step_loss(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.randint(len(blocks), (s.batch_size,), generator=training.generator(s.seed, step))
+        ids, valid = blocks[rows], mask[rows]
+        hidden = tower(ids[:, None], valid[:, None])  # (B, 77, W), zero after [EOT]
+        follows = valid[:, 1:].bool()  # position t predicts the real token at t + 1
+        logits = hidden[:, :-1][follows] @ tower.token_embedding.weight[vocab].T
+        return logits, to_class[ids[:, 1:][follows]]
+
+    return _train(tower, s, "lm", step_loss, len(blocks), checkpoint, log, stop_after)
+
+
+def _train(model: torch.nn.Module, s: PretrainSettings, name: str,
+           step_loss: Callable[[int], tuple[torch.Tensor, torch.Tensor]], data_size: int, checkpoint: Path,
+           log: Callable[[dict, int], None] | None, stop_after: int | None) -> dict:
+    """The step loop both stand-ins share: AdamW with warmup and decay, checkpoints, resume, a summary.
+
+    `step_loss(step)` gives (logits at the targets, their classes) from data drawn by (seed, step) alone,
+    so a resumed run takes the same steps as an uninterrupted one.
+    """
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, s.steps)
-    fp = training.fingerprint(asdict(s), len(sentences), *model_identity(model))
+    fp = training.fingerprint(asdict(s), name, data_size, *model_identity(model))
     state = training.load_checkpoint(checkpoint, fp)
     start, history = 0, []
     if state is not None:
@@ -146,19 +196,17 @@ def pretrain(model: torch.nn.Module, tokenizer, sentences: list[str], s: Pretrai
     model.train()
     t0 = time.time()
     for step in range(start, s.steps):
-        first, second = restated_pairs(sentences, s.batch_size, random.Random(training.step_seed(s.seed, step)))
-        batch = masked_batch(tokenizer, first, second, s, training.generator(s.seed, step, 1))
         torch.manual_seed(training.step_seed(s.seed, step, 2))  # dropout, if the config has any
-        logits, labels = target_logits(model, batch)
+        logits, labels = step_loss(step)
         loss = F.cross_entropy(logits.float(), labels)
-        training.check_finite(loss.detach(), step, "pretrain_encoder")
+        training.check_finite(loss.detach(), step, f"pretraining ({name})")
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         accuracy = float((logits.detach().argmax(-1) == labels).float().mean())
-        history.append({"mlm_loss": float(loss.detach()), "mlm_accuracy": accuracy})
+        history.append({f"{name}_loss": float(loss.detach()), f"{name}_accuracy": accuracy})
         if log is not None:
             log({**history[-1], "lr": schedule.get_last_lr()[0]}, step)
         done = step + 1
@@ -169,7 +217,7 @@ def pretrain(model: torch.nn.Module, tokenizer, sentences: list[str], s: Pretrai
             break
     tenth = max(1, len(history) // 10)
     summary = {}
-    for name, part in (("first", history[:tenth]), ("last", history[-tenth:])):
-        for key in ("mlm_loss", "mlm_accuracy"):
-            summary[f"{name}_{key}"] = sum(h[key] for h in part) / len(part) if part else float("nan")
+    for part_name, part in (("first", history[:tenth]), ("last", history[-tenth:])):
+        for key in (f"{name}_loss", f"{name}_accuracy"):
+            summary[f"{part_name}_{key}"] = sum(h[key] for h in part) / len(part) if part else float("nan")
     return {**summary, "steps": len(history), "seconds": round(time.time() - t0, 1)}
