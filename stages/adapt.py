@@ -44,6 +44,7 @@ def settings_for(variant: str, p: dict) -> dict:
     for key in ("placeholder", "freeze_clip", "mlm_negatives", "compile"):
         params.flag(s[key], key_of(key))
     params.choice(s.get("precision", "auto"), key_of("precision"), ("auto", "bf16", "no"))
+    params.choice(s["cliptc_vocab"], key_of("cliptc_vocab"), ("full", "shards"))
     weights = s["loss_weights"]
     if not isinstance(weights, dict) or set(weights) - set(LOSSES):
         raise PipelineError(f"`{key_of('loss_weights')}` must map losses ({', '.join(LOSSES)}) to weights; got {weights!r}")
@@ -63,6 +64,7 @@ def main() -> None:
     m = params.section(p, "model")
 
     # Heavy imports after the params are known to be good: a typo fails in a second.
+    import numpy as np
     import torch
     from dvclive import Live
     from transformers import AutoTokenizer
@@ -92,6 +94,9 @@ def main() -> None:
             raise PipelineError(f"models/pretrained/clip holds {saved['clip']} ({saved['clip_pretrained'] or 'random init'}), "
                                 f"params ask for {m['clip']} ({m['clip_pretrained'] or 'random init'}): run `dvc repro pretrained`")
         model.clip.load_state_dict(tower.state_dict())
+    if s["cliptc_vocab"] == "shards" and model.cliptc_head is not None:
+        used = [split[np.arange(len(split))]["clip_ids"] for split in (train, valid)]
+        model.restrict_cliptc(torch.from_numpy(np.unique(np.concatenate([np.unique(u) for u in used])).astype(np.int64)))
     if s["freeze_clip"] and model.clip is not None:
         model.clip.requires_grad_(False)
 

@@ -341,6 +341,7 @@ ERRORS = {
     "zero_loss_weight": ("mlm_match", {"adapt.variants.mlm_match": {"loss_weights": {"match": 0}}}, False,
                          ["`adapt.variants.mlm_match.loss_weights.match` must be a positive number; got 0"]),
     "negative_init_range": ("xdbert", {"adapt.init_range": -0.02}, False, ["`adapt.init_range` must be a positive number; got -0.02"]),
+    "unknown_cliptc_vocab": ("xdbert", {"adapt.cliptc_vocab": "corpus"}, False, ["unknown adapt.cliptc_vocab 'corpus'", "allowed: full, shards"]),
     "flag_not_bool": ("xdbert", {"adapt.mlm_negatives": "no"}, False, ["`adapt.mlm_negatives` must be true or false; got 'no'"]),
     "unknown_encoder_type": ("xdbert", {**TINY_MODEL, "model.encoder": "random:notamodel"}, False,
                              ["`model.encoder: random:notamodel`", "random:<model_type>", "bert"]),

@@ -223,6 +223,37 @@ def test_vocabulary_logits_only_at_target_positions():
     assert rows["cliptc"] == (16, (16, 49408))
 
 
+def test_cliptc_restricted_to_classes_scores_only_them():
+    model = tiny_model()
+    b = fixed_labels(fake_batch())
+    full = model(**b)
+    # Restricted to every id, CLIPTC is the full-vocabulary loss itself.
+    model.restrict_cliptc(torch.arange(49408))
+    torch.testing.assert_close(model(**b)["cliptc_loss"], full["cliptc_loss"])
+    # Restricted to the ids that occur, the softmax runs over those alone: the loss is the cross-entropy
+    # of the full logits with every other id left out, and the MLM and MATCH losses do not change.
+    targets = b["cliptc_labels"][b["cliptc_labels"] != -100]
+    used = torch.unique(torch.cat([b["clip_ids"].reshape(-1), targets]))
+    model.restrict_cliptc(used[torch.randperm(len(used))])  # any order: the classes are sorted
+    rows = {}
+    model.cliptc_head.dense.register_forward_hook(lambda m, i, o: rows.__setitem__("hidden", i[0]))
+    out = model(**b)
+    logits = model.cliptc_head(rows["hidden"])[:, torch.sort(used).values]
+    expected = torch.nn.functional.cross_entropy(logits, torch.searchsorted(torch.sort(used).values, targets))
+    torch.testing.assert_close(out["cliptc_loss"], expected)
+    assert out["cliptc_loss"] < full["cliptc_loss"]  # fewer wrong classes to spread probability over
+    assert out["cliptc_count"] == full["cliptc_count"] == 16
+    for name in ("mlm_loss", "match_loss"):
+        torch.testing.assert_close(out[name], full[name])
+    out["loss"].backward()
+    grad = model.clip.token_embedding.weight.grad
+    unused = torch.ones(49408, dtype=torch.bool)
+    unused[used] = False
+    assert grad[unused].abs().sum() == 0 and grad[used].abs().sum() > 0
+    with pytest.raises(ValueError, match="no CLIPTC head"):
+        tiny_model(losses=["mlm", "match"]).restrict_cliptc(used)
+
+
 def test_losses_follow_config_and_labels():
     model = tiny_model(losses=["mlm", "match"])
     assert model.cliptc_head is None

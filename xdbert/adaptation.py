@@ -41,6 +41,7 @@ class AdaptSettings:
     max_grad_norm: float = 1.0
     compile: bool = False  # torch.compile the model for the training steps
     loss_weights: dict | None = None  # loss name -> weight in the sum that is trained; absent = 1 (the paper)
+    cliptc_vocab: str = "full"  # CLIPTC's classes: all CLIP ids, or those in the shards (`XDBertModel.restrict_cliptc`)
 
 
 class BatchMaker:

@@ -386,8 +386,12 @@ class MaskedTokenHead(nn.Module):
         self.decoder.weight = embedding.weight  # tied: the same Parameter
         self.bias = nn.Parameter(torch.zeros(vocab))
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.layer_norm(self.act(self.dense(hidden)))) + self.bias
+    def forward(self, hidden: torch.Tensor, classes: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over the whole vocabulary, (n, vocab), or over the ids `classes` alone, (n, len(classes))."""
+        hidden = self.layer_norm(self.act(self.dense(hidden)))
+        if classes is None:
+            return self.decoder(hidden) + self.bias
+        return F.linear(hidden, self.decoder.weight[classes], self.bias[classes])
 
 
 class MatchHead(nn.Module):
@@ -514,6 +518,9 @@ class XDBertModel(nn.Module):
         if isinstance(pooler, nn.Module):
             pooler.requires_grad_(False)
         self.mlm_head_source = "random"
+        # CLIPTC's classes when restricted (`restrict_cliptc`); None = all of CLIP's ids. Not saved.
+        self.register_buffer("cliptc_classes", None, persistent=False)
+        self.register_buffer("cliptc_class_of", None, persistent=False)
 
     @classmethod
     def build(cls, config: XDBertConfig) -> "XDBertModel":
@@ -528,6 +535,23 @@ class XDBertModel(nn.Module):
         if pretrained_encoder and model.mlm_head is not None and load_pretrained_mlm_head(config.encoder, model.mlm_head):
             model.mlm_head_source = f"pretrained:{config.encoder}"
         return model
+
+    def restrict_cliptc(self, ids: torch.Tensor) -> "XDBertModel":
+        """Score CLIPTC over the CLIP ids in `ids` alone instead of all of CLIP's vocabulary.
+
+        The adapt stage passes every id of its token shards (`adapt.cliptc_vocab: shards`), so every
+        target is among them; the others can never be a target. On wiki103 that is nearly all of
+        CLIP's 49,408 ids and changes little, but the embedded corpus uses a few thousand, and decoding
+        the rest was half of each step of a tiny model.
+        """
+        if self.cliptc_head is None:
+            raise ValueError("this model has no CLIPTC head")
+        device = self.cliptc_head.bias.device
+        classes = torch.unique(ids.reshape(-1).long()).to(device)
+        class_of = torch.full_like(self.cliptc_head.bias, IGNORE_INDEX, dtype=torch.long)
+        class_of[classes] = torch.arange(len(classes), device=device)
+        self.cliptc_classes, self.cliptc_class_of = classes, class_of
+        return self
 
     def strip_heads(self) -> "XDBertModel":
         """Drop the pretraining heads (finetuning the full model, Table 8, needs only `encode`), so no
@@ -626,7 +650,7 @@ class XDBertModel(nn.Module):
             labels = cliptc_labels.reshape(clip.shape[0], -1)
             if kept is not None:  # targets are real tokens, so none is at a dropped position
                 labels = labels[:, kept]
-            self._token_loss(out, "cliptc", self.cliptc_head, clip, labels)
+            self._token_loss(out, "cliptc", self.cliptc_head, clip, labels, self.cliptc_classes, self.cliptc_class_of)
             total.append(out["cliptc_loss"])
         if total:
             out["loss"] = torch.stack(total).sum()
@@ -635,16 +659,20 @@ class XDBertModel(nn.Module):
         return out
 
     @staticmethod
-    def _token_loss(out: dict, name: str, head: MaskedTokenHead, hidden: torch.Tensor, labels: torch.Tensor) -> None:
-        """Vocabulary logits only at target positions: gather the rows first, then decode (n, vocab)."""
+    def _token_loss(out: dict, name: str, head: MaskedTokenHead, hidden: torch.Tensor, labels: torch.Tensor,
+                    classes: torch.Tensor | None = None, class_of: torch.Tensor | None = None) -> None:
+        """Vocabulary logits only at target positions: gather the rows first, then decode (n, vocab).
+        With `classes` (ids, and `class_of` mapping each id to its place), only those ids are scored."""
         targets = labels != IGNORE_INDEX
         rows, wanted = hidden[targets], labels[targets]
+        if classes is not None:
+            wanted = class_of[wanted]
         if wanted.numel() == 0:
             out[f"{name}_loss"] = hidden.sum() * 0.0  # keeps the graph; cross_entropy of nothing is NaN
             out[f"{name}_count"] = torch.tensor(0, device=hidden.device)
             out[f"{name}_correct"] = torch.tensor(0, device=hidden.device)
             return
-        logits = head(rows)
+        logits = head(rows, classes)
         out[f"{name}_loss"] = F.cross_entropy(logits.float(), wanted)
         out[f"{name}_count"] = torch.tensor(wanted.numel(), device=hidden.device)
         out[f"{name}_correct"] = (logits.argmax(-1) == wanted).sum().detach()
