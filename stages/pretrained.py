@@ -1,7 +1,8 @@
 """Stage `pretrained`: CLIP's text tower as the adaptation starts from it (and the CLIP-T finetuning row).
 
-    params: model, pretrain.{clip_steps, batch_size, lr, warmup_ratio, weight_decay, checkpoint_every, seed}
-    deps:   data/shards (CLIP blocks of the train windows), models/tokenizer, models/pretrained/encoder
+    params: model.{clip, clip_pretrained, seed}, pretrain.{clip_steps, batch_size, lr, warmup_ratio, weight_decay,
+            checkpoint_every, seed}
+    deps:   data/shards (CLIP blocks of the train windows), models/tokenizer (the shards' check)
     outs:   models/pretrained/clip (clip_config.json + model.safetensors), metrics/pretrain_clip.json
 
 Paper profile: open_clip `model.clip` with `model.clip_pretrained` weights (e.g. ViT-B-32 / openai), as
@@ -34,19 +35,13 @@ def main() -> None:
 
     import numpy as np
     import torch
-    from transformers import AutoTokenizer
 
     from xdbert import pretraining, shards
     from xdbert.clip import clip_special_ids
-    from xdbert.modeling import CLIPTextTower, build_language_encoder, save_clip_tower
+    from xdbert.modeling import CLIPTextTower, save_clip_tower
     from xdbert.tokenization import CLIP_CONTEXT
 
-    torch.manual_seed(m["seed"])
-    if m["encoder"].startswith("random:"):
-        # A random CLIP's weights depend on the generator state: build in the adapt stage's order
-        # (encoder first) so the tower starts from the weights a plain random build in adapt would have.
-        vocab_size = len(AutoTokenizer.from_pretrained("models/tokenizer"))
-        build_language_encoder(pretraining.encoder_source(m), m.get("encoder_config"), vocab_size=vocab_size)
+    torch.manual_seed(m["seed"])  # a random tower's initial weights
     tower = CLIPTextTower.build(m["clip"], m["clip_pretrained"])
     metrics = {"profile": p["profile"], "clip": m["clip"], "clip_pretrained": m["clip_pretrained"], "steps": 0}
     if train_it:
