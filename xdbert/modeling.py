@@ -541,8 +541,8 @@ class XDBertModel(nn.Module):
 
         The adapt stage passes every id of its token shards (`adapt.cliptc_vocab: shards`), so every
         target is among them; the others can never be a target. On wiki103 that is nearly all of
-        CLIP's 49,408 ids and changes little, but the embedded corpus uses a few thousand, and decoding
-        the rest was half of each step of a tiny model.
+        CLIP's 49,408 ids and changes little, but the embedded corpus uses 990, and decoding the rest
+        was a third of each step of its tiny model.
         """
         if self.cliptc_head is None:
             raise ValueError("this model has no CLIPTC head")
