@@ -49,12 +49,15 @@ def check_settings(f: dict, tasks: list) -> tuple[dict, dict[str, list[int]], in
     lr = params.get(f, "lr", "finetune")
     seeds = {}
     for task in tasks:
-        rates = (lr.get(task.name) or {}) if isinstance(lr, dict) else {}
-        unknown = sorted(set(rates) - {"base", "large", "full"}) if isinstance(rates, dict) else []
+        rates = lr.get(task.name) if isinstance(lr, dict) else None
+        if not isinstance(rates, dict):
+            raise PipelineError(f"`finetune.lr.{task.name}` must map base, large (and optionally full, the full cross-modal "
+                                f"model) to learning rates; got {rates!r}")
+        unknown = sorted(set(rates) - {"base", "large", "full"})
         if unknown:
             raise PipelineError(f"`finetune.lr.{task.name}` has unknown keys {unknown}; allowed: base, large, full (the full cross-modal model)")
         for size in ("base", "large", *(["full"] if "full" in rates else [])):
-            params.positive(rates.get(size) if isinstance(rates, dict) else None, f"finetune.lr.{task.name}.{size}", float)
+            params.positive(rates.get(size), f"finetune.lr.{task.name}.{size}", float)
         key = "rte_seeds" if task.name == "rte" else "seeds"
         chosen = params.get(f, key, "finetune")
         if not isinstance(chosen, list) or not chosen:

@@ -481,6 +481,8 @@ def test_runs_of_a_task_follow_the_tables():
     (("mrpc",), None, "task mrpc lacks split file(s)"),
     (("rte",), {"rte_seeds": []}, "`finetune.rte_seeds` must be a non-empty list"),
     (("sst2",), {"lr": {"sst2": {"base": 1e-3}}}, "`finetune.lr.sst2.large` must be a positive number"),
+    (("sst2",), {"lr": {"rte": {"base": 1e-3, "large": 1e-3}}}, "`finetune.lr.sst2` must map base, large"),
+    (("sst2",), {"lr": {"sst2": 1e-3}}, "`finetune.lr.sst2` must map base, large (and optionally full"),
     (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "full": 0}}}, "`finetune.lr.sst2.full` must be a positive number"),
     (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "xl": 1e-3}}}, "`finetune.lr.sst2` has unknown keys ['xl']; allowed: base, large, full"),
     (("sst2",), {"full_models": ["tiny"]}, "model folder models/crossmodal/tiny is missing"),
