@@ -4,8 +4,6 @@ Reads every finetune run's dev predictions (results/finetune/<task>/<run>/predic
 the encoder names, `full_<variant>` for the whole cross-modal model and `clip_t` for CLIP's tower alone),
 and for Table 3 each variant's adaptation metrics (metrics/adapt/<variant>.json).
 """
-import multiprocessing
-from concurrent import futures
 from pathlib import Path
 
 from xdbert import io, params
@@ -19,7 +17,6 @@ def main() -> None:
     p = params.load()
     f, agg, tasks = params.section(p, "finetune"), params.section(p, "aggregate"), params.section(p, "tasks")
     n_boot = params.positive(agg["n_boot"], "aggregate.n_boot")
-    workers = params.positive(params.get(agg, "workers", "aggregate"), "aggregate.workers")
 
     import pandas as pd
 
@@ -40,15 +37,10 @@ def main() -> None:
     variants = {m: m for m in [*f["models"], *f["ablations"]] if m != "baseline"}
     full = {f"full {m}": f"full_{m}" for m in f["full_models"]}
 
-    # Each (run, task) that a Δ row needs is resampled once (the baseline and xdbert are in all three
-    # tables), all of them up front in a process pool: the bootstrap is thousands of metric calls per
-    # pair and most of this stage's time. Each pair draws from its own generator, so the pool changes
-    # nothing in the result.
+    # Each (run, task) that a Δ row needs is resampled once: the baseline and xdbert are in all three tables.
     needed = sorted({(r, t) for runs, ts in [(xd, all_tasks), (variants, small), (full, all_tasks)]
                      for r in ["baseline", *runs.values()] for t in ts})
-    with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        pending = {(r, t): pool.submit(bootstrap_replicates, load(r, t), t, n_boot, agg["seed"]) for r, t in needed}
-        replicates = {pair: job.result() for pair, job in pending.items()}
+    replicates = {(r, t): bootstrap_replicates(load(r, t), t, n_boot, agg["seed"]) for r, t in needed}
 
     def deltas(runs: dict[str, str], task_list: list[str]) -> dict:
         return {label: {t: compare(replicates[r, t], replicates["baseline", t]) for t in task_list}

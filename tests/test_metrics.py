@@ -118,3 +118,25 @@ def test_every_task_reports_its_headline_first():
             p, y = _classes(k, 30)
             m = compute_metrics(name, p, y)
         assert list(m) == list(spec.metrics)
+
+
+@pytest.mark.parametrize("task", ["rte", "mrpc", "cola", "mnli", "swag", "stsb", "read"])
+def test_resampled_metrics_equal_one_library_call_per_resample(task):
+    """The bootstrap's vectorised metrics give, resample by resample, what compute_metrics gives."""
+    from xdbert.tasks.metrics import resampled_metric
+
+    spec = get_task(task)
+    if spec.kind == "regression":
+        y = rng.uniform(0, 5, 60).round(1)  # rounded: ties, which Spearman averages
+        p = y + rng.normal(0, 1, 60).round(1)
+    else:
+        p, y = _classes(spec.num_labels, 60)
+    samples = rng.integers(0, 60, (30, 60))
+    samples[0] = 0  # one example only: constant predictions and labels (F1 0, MCC 0, correlations NaN)
+    for name in spec.metrics:
+        got = resampled_metric(task, name, p, y, samples)
+        want = [compute_metrics(task, p[s], y[s], [name])[name] for s in samples]
+        assert got.shape == (30,)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, equal_nan=True)
+        single = resampled_metric(task, name, p, y, samples[1:2])  # one resample: no special case shows
+        np.testing.assert_allclose(single, want[1:2], rtol=1e-10, atol=1e-12)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from xdbert.errors import PipelineError
-from xdbert.tasks.metrics import compute_metrics
+from xdbert.tasks.metrics import compute_metrics, resampled_metric
 from xdbert.tasks.registry import get_task
 
 
@@ -84,14 +84,11 @@ def bootstrap_replicates(preds: pd.DataFrame, task: str, n_boot: int, seed: int 
     table = rows.pivot(index="idx", columns="seed", values="prediction").sort_index()
     labels = rows.drop_duplicates("idx").set_index("idx").sort_index()["label"].to_numpy()
     columns = [table[s].to_numpy() for s in table.columns]
-
-    def med(idx):  # only the headline metric: thousands of calls, and F1 or MCC are the slow part
-        return float(np.median([compute_metrics(task, pred[idx], labels[idx], [spec.metric])[spec.metric] for pred in columns]))
-
-    rng = np.random.default_rng(seed)
+    point = float(np.median([compute_metrics(task, pred, labels, [spec.metric])[spec.metric] for pred in columns]))
     n = len(labels)
-    resampled = np.array([med(rng.integers(0, n, n)) for _ in range(n_boot)])
-    return Replicates(task, table.index, med(np.arange(n)), resampled)
+    samples = np.random.default_rng(seed).integers(0, n, (n_boot, n))
+    resampled = np.median([resampled_metric(task, spec.metric, pred, labels, samples) for pred in columns], axis=0)
+    return Replicates(task, table.index, point, resampled)
 
 
 def compare(ours: Replicates, base: Replicates) -> dict:
