@@ -8,7 +8,7 @@ from open_clip.tokenizer import SimpleTokenizer
 
 from xdbert.errors import PipelineError
 
-CONFIG_DIR = Path(__file__).parent / "data"
+CONFIG_DIR = Path(__file__).parent / "resources"
 _registered = False
 
 

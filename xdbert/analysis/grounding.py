@@ -4,7 +4,7 @@ Definitions (the paper follows Vokenization, Tan and Bansal 2020):
 
 - A WORD is visually grounded if it is not a stopword and occurs MORE than `threshold` times (100 in
   the paper) in a caption corpus (MSCOCO captions in the paper profile). Every other content word is
-  not grounded. Stopwords (a named list, `xdbert/data/stopwords_en.txt`), punctuation (a word with no
+  not grounded. Stopwords (a named list, `xdbert/resources/stopwords_en.txt`), punctuation (a word with no
   letter or digit) and the tokenizer's special tokens (`[UNK]`) count toward neither class.
 - Word-piece rule: the unit is the WHOLE word. Texts are cut with the BERT tokenizer and its word
   pieces are merged back (`qu ##aran ##tine` -> `quarantine`) before a word is classified, and the
@@ -34,7 +34,7 @@ GROUNDED, NOT_GROUNDED, STOPWORD, PUNCTUATION = "grounded", "not_grounded", "sto
 CHANGES = ("improved", "on_par", "worsened")
 PLOTTED = ("improved", "worsened")   # the paper's Figure 4 sets on-par examples aside
 TASK_TITLES = {"rte": "RTE", "mrpc": "MRPC", "cola": "CoLA", "sst2": "SST-2", "qnli": "QNLI", "qqp": "QQP", "mnli": "MNLI"}
-STOPWORDS_FILE = Path(__file__).resolve().parents[1] / "data" / "stopwords_en.txt"
+STOPWORDS_FILE = Path(__file__).resolve().parents[1] / "resources" / "stopwords_en.txt"
 
 Tokenize = Callable[[list[str]], list[list[str]]]   # texts -> word pieces of each text
 

@@ -1,0 +1,64 @@
+"""Every path a stage reads or writes, in one place; `dvc.yaml` names the same paths.
+
+Each stage's outputs carry the stage's name where the stage has one output of its own
+(`models/pretrain_encoder`, `models/pretrain_clip`, `results/finetune/<task>`, `metrics/<stage>.json`).
+Checkpoints live outside DVC's outputs, so `dvc repro` does not delete them before a killed stage resumes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+# stage `corpus`
+CORPUS = Path("data/corpus")
+# stage `tasks`
+TASKS = Path("data/tasks")
+# stage `dual_tokenize`
+SHARDS = Path("data/shards")
+TOKENIZER = Path("models/tokenizer")
+# stage `pretrain_encoder`
+PRETRAIN_ENCODER = Path("models/pretrain_encoder")
+PRETRAIN_ENCODER_METRICS = Path("metrics/pretrain_encoder.json")
+# stage `pretrain_clip`
+PRETRAIN_CLIP = Path("models/pretrain_clip")
+PRETRAIN_CLIP_METRICS = Path("metrics/pretrain_clip.json")
+# stages `adapt@<variant>` and `adapt_baseline`
+ADAPTED = Path("models/adapted")          # /<variant>: the language encoder alone
+CROSSMODAL = Path("models/crossmodal")    # /<variant>: the whole cross-modal model
+ADAPT_METRICS = Path("metrics/adapt")     # /<variant>.json
+ADAPT_PLOTS = Path("dvclive/adapt")       # /<variant>
+# stage `finetune@<task>`
+FINETUNE = Path("results/finetune")       # /<task>/<run>
+# stage `aggregate`
+REPORTS = Path("reports")
+AGGREGATE_JSON = Path("results/aggregate.json")
+AGGREGATE_CSV = Path("results/aggregate.csv")
+TABLES_METRICS = Path("metrics/tables.json")
+# stage `pwcca`
+PWCCA_METRICS = Path("results/pwcca.json")
+# stage `grounding`
+CAPTIONS = Path("data/captions")
+GROUNDING_METRICS = Path("results/grounding.json")
+# stage `attention`
+ATTENTION = Path("reports/attention")
+ATTENTION_METRICS = Path("results/attention.json")
+
+# Resumable training state, outside every stage's outputs.
+CHECKPOINTS = Path("checkpoints")
+
+
+def adapted(variant: str) -> Path:
+    return ADAPTED / variant
+
+
+def crossmodal(variant: str) -> Path:
+    return CROSSMODAL / variant
+
+
+def report(name: str) -> Path:
+    """reports/<name>.md: table1, table2, table3, table8, figure4, attention."""
+    return REPORTS / f"{name}.md"
+
+
+def checkpoint(stage: str, *parts: str) -> Path:
+    """checkpoints/<stage>[/<part>...].pt, or a folder when `parts` ends in one (finetune's seeds)."""
+    return CHECKPOINTS.joinpath(stage, *parts)
