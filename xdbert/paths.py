@@ -58,7 +58,3 @@ def report(name: str) -> Path:
     """reports/<name>.md: table1, table2, table3, table8, figure4, attention."""
     return REPORTS / f"{name}.md"
 
-
-def checkpoint(stage: str, *parts: str) -> Path:
-    """checkpoints/<stage>[/<part>...].pt, or a folder when `parts` ends in one (finetune's seeds)."""
-    return CHECKPOINTS.joinpath(stage, *parts)
