@@ -4,9 +4,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from xdbert import io, params
+from xdbert import io, params, profiles
 from xdbert.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,43 +75,66 @@ def test_unknown_profile_is_refused(tmp_path):
         params.load(tmp_path / "params.yaml")
 
 
-def test_params_yaml_is_the_embedded_profile_and_profiles_share_keys():
-    current = (ROOT / "params.yaml").read_text()
-    assert current == (ROOT / "xdbert/profiles/embedded.yaml").read_text()
+def keys(d, prefix=""):
+    out = set()
+    for k, v in d.items():
+        out.add(prefix + k)
+        if isinstance(v, dict) and k not in ("variants", "encoder_config", "train_sizes"):  # open mappings
+            out |= keys(v, prefix + k + ".")
+    return out
 
-    def keys(d, prefix=""):
-        out = set()
-        for k, v in d.items():
-            out.add(prefix + k)
-            if isinstance(v, dict) and k not in ("variants", "encoder_config", "train_sizes"):  # open mappings
-                out |= keys(v, prefix + k + ".")
-        return out
 
-    embedded = yaml.safe_load(current)
-    paper = yaml.safe_load((ROOT / "xdbert/profiles/paper.yaml").read_text())
+def test_paper_profile_is_an_overlay_of_the_defaults():
+    embedded, paper = profiles.values("embedded"), profiles.values("paper")
     assert paper["profile"] == "paper" and embedded["profile"] == "embedded"
     # `finetune.lr.<task>.full` is optional: the full model's own rate, only where a profile sets one
     optional = {k for k in keys(embedded) | keys(paper) if k.startswith("finetune.lr.") and k.endswith(".full")}
     assert keys(embedded) - optional == keys(paper) - optional
+    overlay_text = (ROOT / "xdbert/profiles/paper.yaml").read_text()
+    assert "n_boot: 1000" in overlay_text and "seeds:" not in overlay_text  # only what differs is written there
+    # `!replace` mappings replace whole; others merge key by key
+    assert paper["tasks"]["train_sizes"] == {} and paper["finetune"]["lr"]["sst2"] == {"base": 2e-5, "large": 1e-5}
+    assert "hidden_dropout_prob" not in paper["model"]["encoder_config"]
+    assert paper["adapt"]["loss_weights"] == {"mlm": 1.0, "match": 1.0, "cliptc": 1.0}
+    assert set(paper["adapt"]["variants"]) == set(embedded["adapt"]["variants"]) | {"twenty_epochs"}
+
+
+def test_rendered_profiles_are_their_values_with_the_defaults_comments():
+    assert profiles.render("embedded") == (ROOT / "xdbert/profiles/embedded.yaml").read_text()
+    text = profiles.render("paper")
+    assert params.read_yaml_text(text) == profiles.values("paper")
+    assert "# fail if more windows than this overflow the CLIP blocks" in text  # an unchanged key keeps its comment
+    assert "These values are the PAPER profile" in text
 
 
 def cli(*args, cwd):
     return subprocess.run([sys.executable, "-m", "xdbert.cli", *args], cwd=cwd, capture_output=True, text=True)
 
 
-def test_profile_switch_round_trip_and_refuses_to_lose_edits(tmp_path):
-    r = cli("profile", "paper", cwd=tmp_path)
+def test_profile_switch_keeps_the_users_changes(tmp_path):
+    path = tmp_path / "params.yaml"
+    assert cli("profile", "paper", cwd=tmp_path).returncode == 0
+    edited = path.read_text().replace("  epochs: 3\n", "  epochs: 4\n").replace("n_boot: 1000", "n_boot: 500")
+    path.write_text(edited)
+    r = cli("profile", "embedded", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["profile"] == "paper"
-    assert cli("profile", "embedded", cwd=tmp_path).returncode == 0
-    assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
+    assert "kept: finetune.epochs = 4" in r.stdout and "kept: aggregate.n_boot = 500" in r.stdout
+    expected = profiles.values("embedded")
+    expected["finetune"]["epochs"], expected["aggregate"]["n_boot"] = 4, 500
+    assert params.load(path) == expected
+    assert cli("profile", "paper", cwd=tmp_path).returncode == 0  # and back: still the user's values
+    assert params.load(path)["finetune"]["epochs"] == 4 and params.load(path)["adapt"]["lr"] == 1e-4
 
-    edited = (tmp_path / "params.yaml").read_text().replace("max_len: 128", "max_len: 64")
-    (tmp_path / "params.yaml").write_text(edited)
-    r = cli("profile", "paper", cwd=tmp_path)
-    assert r.returncode == 2 and "would be lost" in r.stderr
-    assert (tmp_path / "params.yaml").read_text() == edited
-    assert cli("profile", "paper", "--force", cwd=tmp_path).returncode == 0
+    r = cli("profile", "embedded", "--reset", cwd=tmp_path)
+    assert r.returncode == 0 and "dropped: finetune.epochs = 4" in r.stdout
+    assert path.read_text() == (ROOT / "xdbert/profiles/embedded.yaml").read_text()
 
+
+def test_profile_switch_refuses_bad_input_and_keeps_the_file(tmp_path):
     r = cli("profile", "laptop", cwd=tmp_path)
     assert r.returncode == 2 and "allowed: embedded, paper" in r.stderr
+    assert not (tmp_path / "params.yaml").exists()
+    (tmp_path / "params.yaml").write_text("profile: embedded\nadapt: [unclosed\n")
+    r = cli("profile", "paper", cwd=tmp_path)
+    assert r.returncode == 2 and "not valid YAML" in r.stderr
+    assert (tmp_path / "params.yaml").read_text() == "profile: embedded\nadapt: [unclosed\n"

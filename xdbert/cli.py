@@ -5,39 +5,41 @@ from pathlib import Path
 
 import typer
 
-from xdbert import io
+from xdbert import io, params, profiles
+from xdbert.errors import PipelineError
 from xdbert.params import PROFILES
-
-PROFILE_DIR = Path(__file__).parent / "profiles"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
-def profile_text(name: str) -> str:
-    return (PROFILE_DIR / f"{name}.yaml").read_text(encoding="utf-8")
-
-
 @app.command()
 def profile(
-    name: str = typer.Argument(..., help="embedded (offline, CPU, minutes) or paper (hubs, GPU, the paper's sizes)"),
-    params: Path = typer.Option(Path("params.yaml"), help="the params file to write"),
-    force: bool = typer.Option(False, help="overwrite a params file that has edits of its own"),
+    name: str = typer.Argument(..., help="embedded (offline, CPU) or paper (hubs, GPU, the paper's sizes)"),
+    params_file: Path = typer.Option(Path("params.yaml"), "--params", help="the params file to write"),
+    reset: bool = typer.Option(False, help="drop your changes instead of carrying them over"),
 ) -> None:
-    """Write the chosen profile's values into params.yaml; `dvc repro` then reruns what changed."""
+    """Write the chosen profile's values into params.yaml, keeping every value you changed from the old
+    profile's defaults (listed as it goes); `dvc repro` then reruns what changed."""
     if name not in PROFILES:
         typer.echo(f"error: unknown profile {name!r}; allowed: {', '.join(PROFILES)}", err=True)
         raise typer.Exit(2)
-    if params.exists() and not force:
-        current = params.read_text(encoding="utf-8")
-        if current not in {profile_text(p) for p in PROFILES}:
-            typer.echo(
-                f"error: {params} has edits that are in neither profile; they would be lost. "
-                "Commit or copy them, then rerun with --force",
-                err=True,
-            )
+    changes: dict = {}
+    if params_file.exists():
+        try:
+            current = params.load(params_file)
+        except PipelineError as e:
+            typer.echo(f"error: {e}; fix it (or delete {params_file}) and rerun", err=True)
             raise typer.Exit(2)
-    io.write_text(params, profile_text(name))
-    typer.echo(f"{params}: profile {name}. Run `dvc repro` (or `dvc exp run`) to rebuild what changed.")
+        changes, removed = profiles.user_changes(current, profiles.values(current["profile"]))
+        verb = "dropped" if reset else "kept"
+        for path, value in changes.items():
+            typer.echo(f"{verb}: {profiles.dotted(path)} = {value!r} (changed from the {current['profile']} defaults)")
+        for path in removed:
+            typer.echo(f"restored: {profiles.dotted(path)} (missing from {params_file})")
+        if reset:
+            changes = {}
+    io.write_text(params_file, profiles.render(name, changes))
+    typer.echo(f"{params_file}: profile {name}. Run `dvc repro` (or `dvc exp run`) to rebuild what changed.")
 
 
 @app.command()
