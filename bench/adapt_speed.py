@@ -38,7 +38,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig, BertForMaskedLM
 
-from xdbert import masking, modeling, params, training
+from xdbert import params, training
+from xdbert.adaptation import masking
+from xdbert.adaptation.settings import AdaptSettings
+from xdbert.model.modeling import XDBertConfig, XDBertModel
+from xdbert.model.settings import ModelSettings
 from xdbert.clip import clip_special_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +56,9 @@ def sizes(name: str) -> dict:
     if name == "paper":
         return {"encoder_config": {}, "vocab_size": 30522, "clip": "ViT-B-32", "clip_heads": 8, "max_len": 512, "n_blocks": 9}
     p = params.load(ROOT / "params.yaml")
-    return {"encoder_config": p["model"]["encoder_config"], "vocab_size": p["tokenize"]["vocab_size"], "clip": p["model"]["clip"],
-            "clip_heads": p["adapt"]["clip_heads"], "max_len": p["tokenize"]["max_len"], "n_blocks": p["tokenize"]["n_blocks"]}
+    model, adapt = ModelSettings.from_params(p), AdaptSettings.from_params(p, "xdbert")
+    return {"encoder_config": model.encoder_config, "vocab_size": p["tokenize"]["vocab_size"], "clip": model.clip,
+            "clip_heads": adapt.clip_heads, "max_len": p["tokenize"]["max_len"], "n_blocks": p["tokenize"]["n_blocks"]}
 
 
 def synthetic_batch(s: dict, batch: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -120,9 +125,9 @@ def main() -> None:
     inputs = {k: v.to(device) for k, v in inputs.items()}
 
     torch.manual_seed(0)
-    config = modeling.XDBertConfig(encoder="random:bert", encoder_config=dict(s["encoder_config"]), vocab_size=s["vocab_size"],
-                                   clip=s["clip"], clip_heads=s["clip_heads"], clip_blocks=s["n_blocks"], clip_eot_id=eot)
-    xdbert = modeling.XDBertModel.build(config).to(device).train()
+    config = XDBertConfig(encoder="random:bert", encoder_config=dict(s["encoder_config"]), vocab_size=s["vocab_size"],
+                          clip=s["clip"], clip_heads=s["clip_heads"], clip_blocks=s["n_blocks"], clip_eot_id=eot)
+    xdbert = XDBertModel.build(config).to(device).train()
     bert_config = AutoConfig.for_model("bert", **{**s["encoder_config"], "vocab_size": s["vocab_size"]})
     reference = BertForMaskedLM(bert_config).to(device).train()
 

@@ -43,7 +43,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from xdbert import io, masking, modeling, params  # noqa: E402
+from xdbert import io, params  # noqa: E402
+from xdbert.adaptation import masking  # noqa: E402
+from xdbert.model import modeling  # noqa: E402
 
 CLS, SEP, MASK, FIRST_WORD = 2, 3, 4, 10      # BERT ids; ids below FIRST_WORD are special
 SOT, EOT, FIRST_CLIP = 49406, 49407, 1000     # CLIP ids; word w is FIRST_CLIP + 7 * w

@@ -30,6 +30,7 @@ Writes bench/results/finetune_speed.md and .json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -42,12 +43,17 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from xdbert import finetune_data as fd
-from xdbert import finetuning as ft
 from xdbert import params
-from xdbert.tasks.generate import generate_task
-from xdbert.tasks.metrics import compute_metrics
-from xdbert.tasks.registry import get_task
+from xdbert.data.synthetic.tasks import generate_task
+from xdbert.data.tasks.metrics import compute_metrics
+from xdbert.data.tasks.registry import TaskSpec, get_task
+from xdbert.finetuning import data as fd
+from xdbert.finetuning.grid import run_seeds
+from xdbert.finetuning.heads import outputs_of
+from xdbert.finetuning.job import prepare
+from xdbert.finetuning.loop import pad_multiple, train_seed
+from xdbert.finetuning.settings import FinetuneSettings
+from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512},
@@ -71,11 +77,17 @@ def load_tables(task: str) -> tuple[dict, str]:
     return generate_task(task, size, dev, seed), f"generated here (train {size}, dev {dev}, seed {seed})"
 
 
+def finetune_settings(spec: TaskSpec, lr: float, **changes) -> FinetuneSettings:
+    """The embedded profile's `finetune` settings with this benchmark's recipe, rate `lr` for every model size."""
+    embedded = FinetuneSettings.from_params(values("embedded"), spec)
+    return dataclasses.replace(embedded, lr={spec.name: {"base": lr, "large": lr}}, **changes)
+
+
 def build_bert(directory: Path, tables: dict, spec, size: str) -> None:
     """A random BERT of `size` and a WordPiece vocabulary trained on the training text, save_pretrained."""
     from transformers import BertConfig, BertModel
 
-    from xdbert.tokenization import train_wordpiece
+    from xdbert.data.tokenization.vocab import train_wordpiece
 
     first, second, _ = fd.sentences(spec, tables["train"])
     tokenizer = train_wordpiece(first + (second or []), vocab_size=4000, model_max_length=128)
@@ -86,16 +98,16 @@ def build_bert(directory: Path, tables: dict, spec, size: str) -> None:
 
 
 def run_pipeline(model_dir: Path, spec, tables: dict, args) -> dict:
-    settings = ft.FinetuneSettings(lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, max_len=128,
-                                   warmup_ratio=0.1, weight_decay=0.01, precision="auto", compile=args.compile,
-                                   length_group=args.length_group)
+    settings = finetune_settings(spec, args.lr, epochs=args.epochs, batch_size=args.batch_size, max_len=128,
+                                 warmup_ratio=0.1, weight_decay=0.01, precision="auto", compile=args.compile,
+                                 length_group=args.length_group)
     t0 = time.time()
-    job = ft.prepare("encoder", model_dir, spec, tables, settings)
+    job = prepare("encoder", model_dir, tables, settings)
     tokenize_seconds = time.time() - t0
-    (run,) = ft.run_seeds(job, [args.seed], workers=1)  # on the GPU when there is one
+    (run,) = run_seeds(job, [args.seed], workers=1)  # on the GPU when there is one
     split = spec.dev_splits[0]
     lengths = job.data["train"].lengths
-    m = ft.pad_multiple(settings, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    m = pad_multiple(settings.max_len, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     return {"train_seconds": run["train_seconds"], "eval_seconds": run["eval_seconds"], "tokenize_seconds": tokenize_seconds,
             "metric": run["metrics"][split][spec.metric], "metrics": run["metrics"][split],
             "train_tokens_padded": int(sum(-(-lengths[b].max() // m) * m * len(b)
@@ -120,7 +132,7 @@ def run_trainer(model_dir: Path, spec, tables: dict, args, work: Path) -> dict:
     tokenize_seconds = time.time() - t0
     set_seed(args.seed)
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, num_labels=ft.outputs_of(spec), problem_type="regression" if spec.kind == "regression" else None)
+        model_dir, num_labels=outputs_of(spec), problem_type="regression" if spec.kind == "regression" else None)
     targs = TrainingArguments(
         output_dir=str(work / "trainer"), per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=128,
         learning_rate=args.lr, num_train_epochs=args.epochs, warmup_steps=0.1, weight_decay=0.01, seed=args.seed,
@@ -149,14 +161,14 @@ def project_grid(spec, tables: dict, args, work: Path) -> dict:
         if column in long.column_names and long.column(column).null_count < long.num_rows:
             texts = [" ".join([t] * 40) for t in long.column(column).to_pylist()]  # truncated at 128 tokens
             long = long.set_column(long.column_names.index(column), column, pa.array(texts))
-    settings = ft.FinetuneSettings(lr=1e-5, epochs=1, batch_size=32, max_len=128, warmup_ratio=0.1,
-                                   weight_decay=0.01, precision="auto", compile=args.compile)
+    settings = finetune_settings(spec, 1e-5, epochs=1, batch_size=32, max_len=128, warmup_ratio=0.1,
+                                 weight_decay=0.01, precision="auto", compile=args.compile, length_group=50)
     rates = {}
     for size in ("base", "large"):
         build_bert(work / size, tables, spec, size)
-        job = ft.prepare("encoder", work / size, spec, {"train": long, spec.dev_splits[0]: long.slice(0, 32)}, settings)
-        ft.train_seed(job, args.seed, "cuda")  # warm-up: kernels, allocator
-        run = ft.train_seed(job, args.seed, "cuda")
+        job = prepare("encoder", work / size, {"train": long, spec.dev_splits[0]: long.slice(0, 32)}, settings)
+        train_seed(job, args.seed, "cuda")  # warm-up: kernels, allocator
+        run = train_seed(job, args.seed, "cuda")
         rates[size] = long.num_rows / run["train_seconds"]
     hours = {size: n_rows * sum(PAPER_TRAIN_SIZES[t] * 3 * (9 if t == "rte" else 5) for t in tasks) / rates[size] / 3600
              for size, (n_rows, tasks) in TABLE1_ROWS.items()}

@@ -3,7 +3,7 @@
     python bench/tokenize_speed.py                      # ~6 MB of generated English-like paragraphs
     python bench/tokenize_speed.py --corpus data/corpus/train.parquet --mb 20
 
-(a) pipeline: `xdbert.tokenization.tokenize_docs` (cleaning, batched Rust BERT WordPiece with offsets,
+(a) pipeline: `xdbert.data.tokenization.pool.tokenize_docs` (cleaning, batched Rust BERT WordPiece with offsets,
     windows, Rust CLIP BPE with offsets, blocks, alignment) over `--workers` processes;
 (b) naive: per line, transformers' tokenizer(line) (loaded from the same folder) and open_clip's
     SimpleTokenizer.encode(line), one process, as one would write it without thinking about speed.
@@ -119,11 +119,15 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from xdbert import tokenization as T
     from xdbert.clip import clip_tokenizer
+    from xdbert.data.tokenization.cleaning import clean_text
+    from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
+    from xdbert.data.tokenization.pool import tokenize_docs
+    from xdbert.data.tokenization.vocab import train_wordpiece
+    from xdbert.data.tokenization.windows import Layout, concat_windows
 
     raw = corpus_paragraphs(args.corpus, args.mb) if args.corpus else generate_paragraphs(args.mb)
-    lines = [t for t in (T.clean_text(p) for p in raw) if t]  # cleaned once, outside the timing
+    lines = [t for t in (clean_text(p) for p in raw) if t]  # cleaned once, outside the timing
     megabytes = sum(len(t.encode("utf-8")) for t in lines) / 1e6
     print(f"text: {len(lines)} lines, {megabytes:.2f} MB ({'corpus ' + str(args.corpus) if args.corpus else 'generated'})")
 
@@ -131,19 +135,19 @@ def main() -> None:
         folder = args.tokenizer
         if folder is None:
             folder = Path(tmp) / "tokenizer"
-            T.train_wordpiece(lines, args.vocab_size, args.max_len).save_pretrained(str(folder))
+            train_wordpiece(lines, args.vocab_size, args.max_len).save_pretrained(str(folder))
         bert = AutoTokenizer.from_pretrained(str(folder))
         bert.model_max_length = 10**9  # lines are longer than a window; nothing is truncated either way
         st = clip_tokenizer(args.clip)
-        layout = T.Layout(max_len=args.max_len, n_blocks=args.n_blocks, cls_id=bert.cls_token_id, sep_id=bert.sep_token_id,
-                          pad_id=bert.pad_token_id, sot_id=st.sot_token_id, eot_id=st.eot_token_id, bert_vocab_size=len(bert))
-        bert_json, clip_json = bert.backend_tokenizer.to_str(), T.clip_fast_tokenizer(args.clip).to_str()
+        layout = Layout(max_len=args.max_len, n_blocks=args.n_blocks, cls_id=bert.cls_token_id, sep_id=bert.sep_token_id,
+                        pad_id=bert.pad_token_id, sot_id=st.sot_token_id, eot_id=st.eot_token_id, bert_vocab_size=len(bert))
+        bert_json, clip_json = bert.backend_tokenizer.to_str(), clip_fast_tokenizer(args.clip).to_str()
 
         # (a) the pipeline
         t0, c0 = time.perf_counter(), cpu_seconds()
-        parts = list(T.tokenize_docs(lines, bert_json, clip_json, layout, workers=args.workers, clean=True))
+        parts = list(tokenize_docs(lines, bert_json, clip_json, layout, workers=args.workers, clean=True))
         t_pipe, c_pipe = time.perf_counter() - t0, cpu_seconds() - c0
-        win = T.concat_windows(parts)
+        win = concat_windows(parts)
         print(f"pipeline: {t_pipe:.2f} s, {megabytes / t_pipe:.2f} MB/s, {c_pipe / megabytes:.2f} CPU-s/MB, "
               f"{len(win)} windows on {args.workers} workers")
 
@@ -196,7 +200,7 @@ def load_average() -> float:
 
 def compare(lines, win, naive_bert, naive_clip, st, layout) -> dict:
     """Line-by-line id equality between the pipeline's windows and the naive reference."""
-    from xdbert.tokenization import clip_content
+    from xdbert.data.tokenization.windows import clip_content
 
     order = np.argsort(win.doc_index, kind="stable")
     bounds = np.searchsorted(win.doc_index[order], np.arange(len(lines) + 1))
@@ -233,7 +237,7 @@ Text: {r['text']}, {r['megabytes']} MB in {r['lines']} paragraph lines ({r['wind
 
 | | seconds | MB/s | CPU-seconds per MB |
 | --- | ---: | ---: | ---: |
-| pipeline (`xdbert.tokenization.tokenize_docs`) | {r['pipeline_seconds']} | {r['pipeline_mb_per_s']} | {r['pipeline_cpu_seconds_per_mb']} |
+| pipeline (`xdbert.data.tokenization.pool.tokenize_docs`) | {r['pipeline_seconds']} | {r['pipeline_mb_per_s']} | {r['pipeline_cpu_seconds_per_mb']} |
 | naive per line (transformers `tokenizer(line)` + open_clip `SimpleTokenizer.encode(line)`) | {r['naive_seconds']} | {r['naive_mb_per_s']} | {r['naive_cpu_seconds_per_mb']} |
 
 Speed-up in wall time: **{r['speedup']}x**; in CPU time per MB: {r['cpu_ratio']}x (the pipeline's CPU time includes

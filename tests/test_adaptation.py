@@ -1,11 +1,12 @@
 """The adaptation loop and the `adapt` stage: losses fall, a killed run resumes exactly, NaN stops
 cleanly, bad params fail before any work, and the saved encoder is a plain transformers checkpoint.
 
-Everything runs on shards the tokenize stage's own code (`tokenization.build`) writes from a few
+Everything runs on shards the dual_tokenize stage's own code (`xdbert.data.tokenization.build`) writes from a few
 generated documents: max_len 32, one CLIP block, a 300-piece WordPiece vocabulary.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,9 +19,20 @@ import torch
 import yaml
 from transformers import AutoModel, AutoTokenizer
 
-from xdbert import corpus, modeling, shards, tokenization
-from xdbert.adaptation import AdaptSettings, BatchMaker, adapt, weighted_loss
+from xdbert.adaptation.loop import BatchMaker, adapt, evaluate, weighted_loss
+from xdbert.adaptation.settings import AdaptSettings
+from xdbert.data import shards
+from xdbert.data.corpus import write_corpus
+from xdbert.data.synthetic.documents import generate_corpus
+from xdbert.data.tokenization.build import Settings as TokenizeSettings
+from xdbert.data.tokenization.build import build as dual_tokenize
+from xdbert.data.tokenization.vocab import train_wordpiece
 from xdbert.errors import PipelineError
+from xdbert.model.clip_tower import CLIPTextTower
+from xdbert.model.encoders import build_masked_lm
+from xdbert.model.modeling import XDBertConfig, XDBertModel, count_parameters
+from xdbert.model.saving import load_full, save_adapted, save_clip_tower
+from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIP = "xdbert-tiny"
@@ -41,20 +53,20 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """A folder as the corpus, tokenize, pretrain_encoder and pretrained stages leave it: data/corpus,
-    data/shards, models/tokenizer, models/pretrained/encoder and models/pretrained/clip (a random tiny BERT
+    """A folder as the corpus, dual_tokenize, pretrain_encoder and pretrain_clip stages leave it: data/corpus,
+    data/shards, models/tokenizer, models/pretrain_encoder and models/pretrain_clip (a random tiny BERT
     and a random CLIP tower: these tests do not need them trained)."""
     root = tmp_path_factory.mktemp("repo")
-    corpus.write_corpus(corpus.generate_corpus(6, 12, seed=0), root / "data" / "corpus")
-    settings = tokenization.Settings(vocab_size=300, max_len=32, n_blocks=1, shard_windows=32, max_overflow=0.1,
-                                     validate_windows=4, workers=1)
-    tokenization.build(corpus_dir=root / "data" / "corpus", shard_dir=root / "data" / "shards",
-                       tokenizer_dir=root / "models" / "tokenizer", encoder="random:bert", clip_name=CLIP,
-                       settings=settings, positions=TINY_BERT["max_position_embeddings"])
+    write_corpus(generate_corpus(6, 12, seed=0), root / "data" / "corpus")
+    settings = TokenizeSettings(vocab_size=300, max_len=32, n_blocks=1, shard_windows=32, max_overflow=0.1,
+                                validate_windows=4, workers=1)
+    dual_tokenize(corpus_dir=root / "data" / "corpus", shard_dir=root / "data" / "shards",
+                  tokenizer_dir=root / "models" / "tokenizer", encoder="random:bert", clip_name=CLIP,
+                  settings=settings, positions=TINY_BERT["max_position_embeddings"])
     vocab_size = len(AutoTokenizer.from_pretrained(str(root / "models" / "tokenizer")))
     torch.manual_seed(0)
-    modeling.build_masked_lm("random:bert", TINY_BERT, vocab_size).save_pretrained(root / "models" / "pretrained" / "encoder")
-    modeling.save_clip_tower(modeling.CLIPTextTower.build(CLIP), root / "models" / "pretrained" / "clip", CLIP)
+    build_masked_lm("random:bert", TINY_BERT, vocab_size).save_pretrained(root / "models" / "pretrain_encoder")
+    save_clip_tower(CLIPTextTower.build(CLIP), root / "models" / "pretrain_clip", CLIP)
     return root
 
 
@@ -80,26 +92,25 @@ class Subset:
 
 
 def settings(**kw) -> AdaptSettings:
-    base = dict(epochs=1, lr=1e-3, warmup_ratio=0.0, batch_size=4, micro_batch_size=2, weight_decay=0.01,
-                mlm_prob=0.15, match_prob=0.5, cliptc_prob=0.15, checkpoint_every=2, eval_windows=4, seed=0)
-    return AdaptSettings(**{**base, **kw})
+    """The embedded profile's `xdbert` variant sized for these tiny runs, with the paper's unweighted loss sum."""
+    base = dict(losses=list(LOSSES), warmup_ratio=0.0, batch_size=4, micro_batch_size=2, checkpoint_every=2,
+                eval_windows=4, loss_weights=None)
+    return dataclasses.replace(AdaptSettings.from_params(values("embedded"), "xdbert"), **{**base, **kw})
 
 
 def make_batch(data, s: AdaptSettings) -> BatchMaker:
     tok = data[2]
-    return BatchMaker(s, LOSSES, 1, vocab_size=len(tok), special_ids=tok.all_special_ids, mask_id=tok.mask_token_id,
-                      eot_id=EOT)
+    return BatchMaker(s, 1, vocab_size=len(tok), special_ids=tok.all_special_ids, mask_id=tok.mask_token_id, eot_id=EOT)
 
 
-def config(data) -> modeling.XDBertConfig:
-    return modeling.XDBertConfig(encoder="random:bert", encoder_config=dict(TINY_BERT), vocab_size=len(data[2]),
-                                 clip=CLIP, clip_heads=2, clip_blocks=1, cross_layers=1, losses=list(LOSSES),
-                                 clip_eot_id=EOT)
+def config(data) -> XDBertConfig:
+    return XDBertConfig(encoder="random:bert", encoder_config=dict(TINY_BERT), vocab_size=len(data[2]), clip=CLIP,
+                        clip_heads=2, clip_blocks=1, cross_layers=1, losses=list(LOSSES), clip_eot_id=EOT)
 
 
-def build_model(data, seed: int = 0) -> modeling.XDBertModel:
+def build_model(data, seed: int = 0) -> XDBertModel:
     torch.manual_seed(seed)  # as the stage does: the initial weights are a function of model.seed
-    return modeling.XDBertModel.build(config(data))
+    return XDBertModel.build(config(data))
 
 
 def run(data, s: AdaptSettings, checkpoint: Path, train=None, seed: int = 0, **kw):
@@ -180,8 +191,6 @@ class Recording(Subset):
 def test_evaluation_reads_a_fixed_random_sample_of_valid_windows(data):
     """Consecutive windows share a document; evaluating them in order would draw MATCH negatives from the
     window's own article. The sample is random, the same on every call, and so are the metrics."""
-    from xdbert.adaptation import evaluate
-
     s = settings(eval_windows=8, micro_batch_size=4)
     model = build_model(data)
     runs = []
@@ -297,12 +306,12 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(data, tmp_path):
 
 def test_saved_adapted_encoder_loads_with_automodel(trained, data, repo, tmp_path):
     model = trained[0].cpu().eval()  # `adapt` leaves it on the GPU when there is one; the inputs here are CPU tensors
-    out = modeling.save_adapted(model, tmp_path / "adapted" / "xdbert", tokenizer_dir=repo / "models" / "tokenizer")
+    out = save_adapted(model, tmp_path / "adapted" / "xdbert", tokenizer_dir=repo / "models" / "tokenizer")
     loaded = AutoModel.from_pretrained(str(out)).eval()
     fresh = build_model(data)
     assert type(loaded) is type(fresh.encoder)
-    assert sum(p.numel() for p in loaded.parameters()) == modeling.count_parameters(fresh, "encoder") \
-        == modeling.count_parameters(model, "encoder")
+    assert sum(p.numel() for p in loaded.parameters()) == count_parameters(fresh, "encoder") \
+        == count_parameters(model, "encoder")
     assert AutoTokenizer.from_pretrained(str(out)).get_vocab() == data[2].get_vocab()
     rows = data[0][np.arange(4)]
     ids = torch.from_numpy(rows["bert_ids"].astype(np.int64))
@@ -316,6 +325,22 @@ def test_saved_adapted_encoder_loads_with_automodel(trained, data, repo, tmp_pat
 # ---------------------------------------------------------------------------------------------------
 # 4. The stage: bad input exits 2 with one line and touches nothing; a good run writes every output
 # ---------------------------------------------------------------------------------------------------
+
+def test_variant_settings_apply_overrides_and_name_the_key_a_value_came_from():
+    p = values("embedded")
+    assert AdaptSettings.from_params(p, "two_epochs").epochs == 2
+    baseline = AdaptSettings.from_params(p, "baseline")
+    assert baseline.losses == ["mlm"] and baseline.cross_layers == 0 and baseline.lr == p["adapt"]["lr"]
+    p["adapt"]["baseline"]["cross_layers"] = -1
+    with pytest.raises(PipelineError, match=r"`adapt.baseline.cross_layers` must be >= 1 \(0 only for the MLM-only baseline\); got -1"):
+        AdaptSettings.from_params(p, "baseline")
+    p["adapt"]["variants"]["mlm"] = {"nope": 1}
+    with pytest.raises(PipelineError, match=r"adapt.variants.mlm overrides unknown keys \['nope'\]"):
+        AdaptSettings.from_params(p, "mlm")
+    p["adapt"]["precision"] = "fp8"
+    with pytest.raises(PipelineError, match="unknown adapt.precision 'fp8'; allowed: auto, bf16, no"):
+        AdaptSettings.from_params(p, "xdbert")
+
 
 def set_key(params: dict, dotted: str, value) -> None:
     *parents, last = dotted.split(".")
@@ -346,21 +371,22 @@ ERRORS = {
     "unknown_encoder_type": ("xdbert", {**TINY_MODEL, "model.encoder": "random:notamodel"}, False,
                              ["`model.encoder: random:notamodel`", "random:<model_type>", "bert"]),
     "unknown_clip": ("xdbert", {**TINY_MODEL, "model.clip": "notaclip"}, False, ["`model.clip: notaclip`", "xdbert-tiny"]),
-    "other_tokenizer": ("xdbert", TINY_MODEL, True, ["another vocabulary", "models/tokenizer", "dvc repro tokenize"]),
+    "other_tokenizer": ("xdbert", TINY_MODEL, True, ["another vocabulary", "models/tokenizer", "dvc repro dual_tokenize"]),
 }
 
 
 def stage_folder(cwd: Path, repo: Path, variant: str, changes: dict, tokenizer: Path | None = None) -> Path:
-    """A repository-shaped folder: the real params.yaml with `changes`, the shards and tokenizer of
+    """A repository-shaped folder: the embedded profile's params with `changes`, the shards and tokenizer of
     `repo` (or another `tokenizer`), and a previous models/adapted/<variant> that must survive errors."""
-    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params = values("embedded")
     for key, value in changes.items():
         set_key(params, key, value)
     (cwd / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
     (cwd / "data").symlink_to(repo / "data", target_is_directory=True)
     (cwd / "models").mkdir()
     (cwd / "models" / "tokenizer").symlink_to(tokenizer or repo / "models" / "tokenizer", target_is_directory=True)
-    (cwd / "models" / "pretrained").symlink_to(repo / "models" / "pretrained", target_is_directory=True)
+    for stand_in in ("pretrain_encoder", "pretrain_clip"):
+        (cwd / "models" / stand_in).symlink_to(repo / "models" / stand_in, target_is_directory=True)
     previous = cwd / "models" / "adapted" / variant
     previous.mkdir(parents=True)
     (previous / "config.json").write_text("previous output\n", encoding="utf-8")
@@ -373,7 +399,7 @@ def started_stage_runs(repo, tmp_path_factory):
     first test so that the three that pay the heavy imports do so while the training tests run:
     name -> (folder, variant, running process)."""
     other_tokenizer = tmp_path_factory.mktemp("other") / "tokenizer"
-    tokenization.train_wordpiece(["completely different words for another vocabulary"] * 5, 80, 64).save_pretrained(str(other_tokenizer))
+    train_wordpiece(["completely different words for another vocabulary"] * 5, 80, 64).save_pretrained(str(other_tokenizer))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     started = {}
     for name, (variant, changes, other, _) in ERRORS.items():
@@ -411,7 +437,7 @@ def test_stage_rejects_bad_input_and_touches_nothing(stage_runs, name):
     assert sorted(p.name for p in previous.iterdir()) == ["config.json"]
     assert (previous / "config.json").read_text(encoding="utf-8") == "previous output\n"
     assert sorted(p.name for p in cwd.iterdir()) == ["data", "models", "params.yaml"]  # no checkpoints, metrics, dvclive
-    assert sorted(p.name for p in (cwd / "models").iterdir()) == ["adapted", "pretrained", "tokenizer"]
+    assert sorted(p.name for p in (cwd / "models").iterdir()) == ["adapted", "pretrain_clip", "pretrain_encoder", "tokenizer"]
 
 
 def test_stage_writes_encoder_full_model_and_metrics(repo, tmp_path, monkeypatch, capsys):
@@ -429,7 +455,7 @@ def test_stage_writes_encoder_full_model_and_metrics(repo, tmp_path, monkeypatch
     assert (adapted / "config.json").read_text(encoding="utf-8") != "previous output\n"  # replaced
     encoder = AutoModel.from_pretrained(str(adapted))
     assert encoder.config.hidden_size == 32 and encoder.config.vocab_size == len(AutoTokenizer.from_pretrained(str(adapted)))
-    full = modeling.load_full(cwd / "models" / "crossmodal" / "xdbert")
+    full = load_full(cwd / "models" / "crossmodal" / "xdbert")
     assert full.config.losses == LOSSES and full.config.clip_blocks == 1 and full.config.clip_heads == 2
     assert all(torch.equal(v, full.encoder.state_dict()[k]) for k, v in encoder.state_dict().items())
     metrics = json.loads((cwd / "metrics" / "adapt" / "xdbert.json").read_text(encoding="utf-8"))

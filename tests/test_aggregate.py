@@ -5,8 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from xdbert.aggregate import bootstrap_replicates, compare, paired_bootstrap
+from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
+from xdbert.reports.aggregate import bootstrap_replicates, compare, paired_bootstrap
+
+RTE = get_task("rte")
 
 
 def predictions(correct: np.ndarray, seeds=(0, 1, 2), idx: np.ndarray | None = None) -> pd.DataFrame:
@@ -21,12 +24,12 @@ def test_same_predictions_give_zero_and_better_ones_a_significant_gain():
     rng = np.random.default_rng(0)
     half = rng.random(200) < 0.5
     base = predictions(half)
-    same = paired_bootstrap(base, base, "rte", n_boot=50)
+    same = paired_bootstrap(base, base, RTE, n_boot=50)
     assert same["delta"] == 0 and same["ci_low"] == 0 and same["ci_high"] == 0 and not same["significant"]
 
     better = predictions(half | (rng.random(200) < 0.5))  # right wherever the baseline is, and more
     gain = better["prediction"].mean() - half.mean()
-    d = paired_bootstrap(better, base, "rte", n_boot=50)
+    d = paired_bootstrap(better, base, RTE, n_boot=50)
     assert gain > 0 and d["delta"] == pytest.approx(gain)
     assert d["ci_low"] > 0 and d["significant"] and d["ours_better"]
 
@@ -34,10 +37,10 @@ def test_same_predictions_give_zero_and_better_ones_a_significant_gain():
 def test_cached_replicates_give_the_same_interval_and_refuse_other_examples():
     rng = np.random.default_rng(1)
     a, b = predictions(rng.random(100) < 0.7), predictions(rng.random(100) < 0.5)
-    direct = paired_bootstrap(a, b, "rte", n_boot=40, seed=3)
-    ra, rb = bootstrap_replicates(a, "rte", 40, 3), bootstrap_replicates(b, "rte", 40, 3)
+    direct = paired_bootstrap(a, b, RTE, n_boot=40, seed=3)
+    ra, rb = bootstrap_replicates(a, RTE, 40, 3), bootstrap_replicates(b, RTE, 40, 3)
     assert compare(ra, rb) == direct
-    other = bootstrap_replicates(predictions(rng.random(100) < 0.5, idx=np.arange(100) + 1), "rte", 40, 3)
+    other = bootstrap_replicates(predictions(rng.random(100) < 0.5, idx=np.arange(100) + 1), RTE, 40, 3)
     with pytest.raises(PipelineError, match="different dev examples"):
         compare(ra, other)
 
@@ -47,7 +50,7 @@ def test_commit_stamp_marks_code_and_param_changes_but_not_pipeline_outputs(tmp_
     differ from its commit."""
     import subprocess
 
-    from xdbert.reports import commit
+    from xdbert.reports.header import commit
 
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
@@ -67,7 +70,7 @@ def test_commit_stamp_marks_code_and_param_changes_but_not_pipeline_outputs(tmp_
 
 
 def test_adaptation_table_shows_match_beside_its_majority_class():
-    from xdbert.reports import adaptation_table
+    from xdbert.reports.tables import adaptation_table
 
     table = adaptation_table({
         "xdbert": {"steps": 32, "valid_mlm_accuracy": 0.27, "valid_mlm_perplexity": 94.0, "valid_match_accuracy": 0.54,

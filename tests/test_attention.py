@@ -3,6 +3,9 @@ import numpy as np
 import pytest
 
 from xdbert.analysis import attention as A
+from xdbert.errors import PipelineError
+from xdbert.paths import crossmodal
+from xdbert.profiles import values
 
 # One window. BERT: [CLS] tok1 tok2 [SEP] [PAD]; CLIP: <sot> c1 c2 c3 <eot> pad.
 START = np.array([[-1, 1, 2, -1, -1]])
@@ -107,7 +110,7 @@ def test_clip_token_labels_are_readable():
 def tiny_model():
     import torch
 
-    from xdbert.modeling import XDBertConfig, XDBertModel
+    from xdbert.model.modeling import XDBertConfig, XDBertModel
 
     torch.manual_seed(0)
     cfg = XDBertConfig(encoder="random:bert", vocab_size=60, clip="xdbert-tiny", clip_heads=2, clip_blocks=2,
@@ -171,3 +174,55 @@ def test_example_heatmaps_one_png_per_layer_and_kind(tiny_model, tmp_path):
     assert [(layer, kind) for layer, kind, _ in pictures] == [(1, "head0"), (1, "mean"), (2, "head0"), (2, "mean")]
     for _, _, name in pictures:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------------------------------------------
+# The `attention` params and the example they name
+# ----------------------------------------------------------------------------------------------------
+
+def attention_params(**overrides) -> dict:
+    params = values("embedded")
+    params["attention"].update(overrides)
+    return params
+
+
+@pytest.fixture
+def variants_present(tmp_path, monkeypatch):
+    """The working directory holds a (stub) saved cross-modal model of every embedded variant."""
+    monkeypatch.chdir(tmp_path)
+    for v in values("embedded")["attention"]["variants"]:
+        crossmodal(v).mkdir(parents=True)
+        (crossmodal(v) / "xdbert_config.json").write_text("{}")
+
+
+def test_settings_from_the_embedded_profile(variants_present):
+    s = A.AttentionSettings.from_params(values("embedded"))
+    assert (s.variants, s.task, s.index) == (("xdbert", "mlm_match"), "rte", 0)
+    assert (s.max_len, s.clip_blocks_per_sentence, s.windows, s.batch_size) == (128, 2, 64, 16)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"variants": []}, "`attention.variants` must be a non-empty list of adapt variants without repeats"),
+    ({"variants": ["xdbert", "xdbert"]}, "without repeats"),
+    ({"variants": ["xdbert", "full"]}, "missing models/crossmodal/full: run its adapt stage first (`dvc repro adapt@full`)"),
+    ({"task": "swag"}, "`attention.task` must be a sentence or sentence-pair task, not multiple choice"),
+    ({"task": "wnli"}, "unknown task 'wnli'"),
+    ({"index": "0"}, "`attention.index` must be the integer idx of a dev example; got '0'"),
+    ({"index": True}, "`attention.index` must be the integer idx"),
+    ({"windows": 0}, "`attention.windows` must be a positive integer"),
+    ({"batch_size": 2.5}, "`attention.batch_size` must be a positive integer"),
+])
+def test_settings_errors_name_the_key(variants_present, overrides, message):
+    with pytest.raises(PipelineError) as e:
+        A.AttentionSettings.from_params(attention_params(**overrides))
+    assert message in str(e.value)
+
+
+def test_dev_example_by_idx():
+    import pyarrow as pa
+
+    table = pa.table({"idx": [3, 5, 9], "text_a": ["a", "b", "c"]})
+    assert A.dev_example(table, 5, "rte", "dev").column("text_a").to_pylist() == ["b"]
+    with pytest.raises(PipelineError, match=r"`attention.index: 4` is no idx of rte dev \(idx runs 3..9\)"):
+        A.dev_example(table, 4, "rte", "dev")
+

@@ -10,8 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from xdbert import corpus
+from xdbert.data import corpus
+from xdbert.data.corpus import CorpusSettings
+from xdbert.data.synthetic.documents import generate_corpus
+from xdbert.data.synthetic.words import OBJECTS, RARE_WORDS
 from xdbert.errors import PipelineError
+from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "wikitext-103-raw-v1"
@@ -101,9 +105,9 @@ def test_empty_hub_corpus_is_a_pipeline_error(tmp_path):
 
 
 def test_generated_corpus_is_deterministic_and_sized():
-    a = corpus.generate_corpus(20, 12, seed=3)
-    assert a == corpus.generate_corpus(20, 12, seed=3)
-    assert a != corpus.generate_corpus(20, 12, seed=4)
+    a = generate_corpus(20, 12, seed=3)
+    assert a == generate_corpus(20, 12, seed=3)
+    assert a != generate_corpus(20, 12, seed=4)
     assert len(a["train"]) == 20 and len(a["valid"]) == 2
     assert len(set(a["train"])) == 20 and not set(a["train"]) & set(a["valid"])
     # sentences_per_doc sentences per document: each ends in . ! or ? (quotes close after them)
@@ -114,22 +118,22 @@ def test_generated_corpus_is_deterministic_and_sized():
 
 
 def test_generated_documents_are_coherent_and_varied():
-    docs = corpus.generate_corpus(50, 30, seed=0)["train"]
+    docs = generate_corpus(50, 30, seed=0)["train"]
     words = [w for d in docs for w in re.findall(r"[a-z]+", d.lower())]
     assert len(set(words)) > 500  # a real vocabulary, not a handful of tokens
     for doc in docs[:10]:
         # a document keeps returning to its own few objects: the most frequent object noun recurs
-        nouns = [w for w in re.findall(r"[a-z]+", doc.lower()) if w in {o.sing for o in corpus.OBJECTS}]
+        nouns = [w for w in re.findall(r"[a-z]+", doc.lower()) if w in {o.sing for o in OBJECTS}]
         assert max(nouns.count(n) for n in set(nouns)) >= 5
-    assert any(w in corpus.RARE_WORDS for w in words)
+    assert any(w in RARE_WORDS for w in words)
     assert {"purchased", "repaired"} & set(words)  # synonyms occur, so re-worded task text is in-vocabulary
 
 
 def test_generated_corpus_rejects_bad_sizes():
     with pytest.raises(PipelineError, match="corpus.n_docs"):
-        corpus.generate_corpus(0, 10, 0)
+        generate_corpus(0, 10, 0)
     with pytest.raises(PipelineError, match="corpus.sentences_per_doc"):
-        corpus.generate_corpus(10, -1, 0)
+        generate_corpus(10, -1, 0)
     with pytest.raises(PipelineError, match="allowed: generated, hub"):
         corpus.load_corpus("wiki", n_docs=1, sentences_per_doc=1)
 
@@ -156,6 +160,44 @@ def _stage(tmp_path: Path, **overrides) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "stages" / "corpus.py")], cwd=tmp_path, capture_output=True, text=True)
 
 
+def corpus_params(**overrides) -> dict:
+    params = values("embedded")
+    params["corpus"].update(overrides)
+    return params
+
+
+def test_settings_read_only_the_keys_of_their_source():
+    assert CorpusSettings.from_params(values("embedded")) == CorpusSettings(
+        "generated", n_docs=900, sentences_per_doc=30, seed=0)
+    # hub mode checks hub_id and hub_config only: a bad n_docs does not matter there
+    hub = CorpusSettings.from_params(corpus_params(source="hub", n_docs=0))
+    assert hub == CorpusSettings("hub", hub_id="wikitext", hub_config=CONFIG)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(source="wiki"), "unknown corpus.source 'wiki'; allowed: generated, hub"),
+    (dict(n_docs=0), "`corpus.n_docs` must be a positive integer"),
+    (dict(sentences_per_doc=2.5), "`corpus.sentences_per_doc` must be a positive integer"),
+    (dict(seed=-1), "`corpus.seed` must be a non-negative integer"),
+    (dict(seed=True), "`corpus.seed` must be a non-negative integer"),
+    (dict(source="hub", hub_id=""), "`corpus.hub_id` must be a non-empty string"),
+    (dict(source="hub", hub_config=None), "`corpus.hub_config` must be a non-empty string"),
+])
+def test_settings_errors_name_the_key(overrides, message):
+    with pytest.raises(PipelineError) as e:
+        CorpusSettings.from_params(corpus_params(**overrides))
+    assert message in str(e.value)
+
+
+def test_settings_missing_key_or_section():
+    params = values("embedded")
+    del params["corpus"]["seed"]
+    with pytest.raises(PipelineError, match="missing param `corpus.seed`"):
+        CorpusSettings.from_params(params)
+    with pytest.raises(PipelineError, match="no section `corpus`"):
+        CorpusSettings.from_params({"profile": "embedded"})
+
+
 def test_stage_writes_corpus_and_keeps_it_on_bad_params(tmp_path):
     ok = _stage(tmp_path)
     assert ok.returncode == 0, ok.stderr
@@ -164,11 +206,9 @@ def test_stage_writes_corpus_and_keeps_it_on_bad_params(tmp_path):
     assert json.loads((out / "stats.json").read_text())["train"]["documents"] == 12
     before = (out / "train.parquet").read_bytes()
 
-    for bad, message in ((dict(source="wiki"), "corpus.source"), (dict(n_docs=0), "corpus.n_docs"),
-                         (dict(sentences_per_doc=2.5), "corpus.sentences_per_doc"), (dict(seed=-1), "corpus.seed")):
-        r = _stage(tmp_path, **bad)
-        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
-        assert (out / "train.parquet").read_bytes() == before
+    r = _stage(tmp_path, n_docs=0)
+    assert r.returncode == 2 and "corpus.n_docs" in r.stderr and "Traceback" not in r.stderr
+    assert (out / "train.parquet").read_bytes() == before
 
     again = _stage(tmp_path)  # same params, same bytes
     assert again.returncode == 0 and (out / "train.parquet").read_bytes() == before

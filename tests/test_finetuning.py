@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import random
 import shutil
@@ -16,10 +15,19 @@ import pytest
 import torch
 import yaml
 
-from xdbert import finetune_data as fd
-from xdbert import finetuning as ft
+from xdbert.data.tasks.registry import TaskSpec, get_task, to_table, write_tasks
 from xdbert.errors import PipelineError
-from xdbert.tasks.registry import get_task, to_table, write_tasks
+from xdbert.finetuning import data as fd
+from xdbert.finetuning import grid, loop
+from xdbert.finetuning import job as job_module
+from xdbert.finetuning.heads import EncoderClassifier, RowSubsetEmbedding
+from xdbert.finetuning.job import build_model, prepare
+from xdbert.finetuning.loop import pad_multiple, train_seed
+from xdbert.finetuning.rates import layer_depths, parameter_groups
+from xdbert.finetuning.results import write_results
+from xdbert.finetuning.runs import Study
+from xdbert.finetuning.settings import FinetuneSettings, learning_rate, size_of
+from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]
 FILLER = "the a of to in on at with from river stone cloud table green small quiet early north paper".split()
@@ -80,7 +88,7 @@ def save_tiny_bert(directory: Path, layers: int = 2, hidden: int = 32) -> Path:
     from transformers import BertConfig, BertModel, BertTokenizer
 
     words = SPECIALS + sorted(set(FILLER) | {"good", "bad", "up", "yes", "no", "maybe", "then"})
-    # built like xdbert.tokenization.train_wordpiece builds the pipeline's tokenizer
+    # built like xdbert.data.tokenization.vocab.train_wordpiece builds the pipeline's tokenizer
     tok = BertTokenizer(vocab={w: i for i, w in enumerate(words)}, do_lower_case=True, model_max_length=64)
     torch.manual_seed(0)
     config = BertConfig(vocab_size=len(words), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
@@ -104,9 +112,11 @@ def bert_dir(tmp_path_factory) -> Path:
     return save_tiny_bert(tmp_path_factory.mktemp("bert") / "tiny")
 
 
-def settings(**kw) -> ft.FinetuneSettings:
-    base = dict(lr=3e-3, epochs=6, batch_size=16, max_len=32, warmup_ratio=0.1, length_group=4)
-    return ft.FinetuneSettings(**{**base, **kw})
+def settings(spec: TaskSpec, lr: float = 3e-3, **changes) -> FinetuneSettings:
+    """The embedded profile's `finetune` settings for `spec` at test sizes, with rate `lr` for every model size."""
+    sizes = dict(epochs=6, batch_size=16, max_len=32, warmup_ratio=0.1, length_group=4)
+    embedded = FinetuneSettings.from_params(values("embedded"), spec)
+    return dataclasses.replace(embedded, lr={spec.name: {"base": lr, "large": lr}}, **{**sizes, **changes})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -115,9 +125,9 @@ def settings(**kw) -> ft.FinetuneSettings:
 
 def test_classification_learns_and_seeds_reproduce(bert_dir):
     spec = get_task("sst2")
-    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2"), settings())
-    first, other = ft.run_seeds(job, [0, 1], workers=1)
-    again = ft.train_seed(job, 0)
+    job = prepare("encoder", bert_dir, keyword_tables("sst2"), settings(spec))
+    first, other = grid.run_seeds(job, [0, 1], workers=1)
+    again = train_seed(job, 0)
     assert first["metrics"]["dev"]["accuracy"] >= 0.9, first["metrics"]
     assert first["last_epoch_loss"] < 0.5 * first["first_epoch_loss"]
     np.testing.assert_array_equal(first["predictions"]["dev"], again["predictions"]["dev"])
@@ -127,9 +137,9 @@ def test_classification_learns_and_seeds_reproduce(bert_dir):
 
 def test_regression_learns_and_seeds_differ(bert_dir):
     spec = get_task("stsb")
-    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("stsb"), settings(epochs=8, lr=5e-3))
+    job = prepare("encoder", bert_dir, keyword_tables("stsb"), settings(spec, epochs=8, lr=5e-3))
     assert job.data["train"].labels.dtype == np.float32 and job.data["train"].choices == 1
-    a, b = ft.run_seeds(job, [0, 1], workers=1)
+    a, b = grid.run_seeds(job, [0, 1], workers=1)
     assert a["metrics"]["dev"]["spearman"] > 0.7, a["metrics"]  # 0.89-0.97 over seeds 0-9 here
     assert a["last_epoch_loss"] < 0.5 * a["first_epoch_loss"]
     assert a["predictions"]["dev"].dtype == np.float64
@@ -138,9 +148,9 @@ def test_regression_learns_and_seeds_differ(bert_dir):
 
 def test_multiple_choice_learns(bert_dir):
     spec = get_task("swag")
-    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("swag"), settings(epochs=8))
+    job = prepare("encoder", bert_dir, keyword_tables("swag"), settings(spec, epochs=8))
     assert job.data["train"].choices == 4
-    (r,) = ft.run_seeds(job, [0], workers=1)
+    (r,) = grid.run_seeds(job, [0], workers=1)
     assert r["metrics"]["dev"]["accuracy"] >= 0.6, r["metrics"]  # chance is 0.25
     assert r["last_epoch_loss"] < 0.7 * r["first_epoch_loss"]
     assert set(np.unique(r["predictions"]["dev"])) <= {0, 1, 2, 3}
@@ -148,9 +158,9 @@ def test_multiple_choice_learns(bert_dir):
 
 def test_worker_pool_gives_the_same_results_as_one_process(bert_dir):
     spec = get_task("sst2")
-    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2", 64, 32), settings(epochs=1))
-    alone = ft.run_seeds(job, [5, 6], workers=1)  # one thread (fixture), like each of the pool's workers
-    pooled = ft.run_seeds(job, [5, 6], workers=2)
+    job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1))
+    alone = grid.run_seeds(job, [5, 6], workers=1)  # one thread (fixture), like each of the pool's workers
+    pooled = grid.run_seeds(job, [5, 6], workers=2)
     assert [r["seed"] for r in pooled] == [5, 6]
     for a, b in zip(alone, pooled):
         np.testing.assert_array_equal(a["predictions"]["dev"], b["predictions"]["dev"])
@@ -159,24 +169,24 @@ def test_worker_pool_gives_the_same_results_as_one_process(bert_dir):
 
 def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir):
     # Runs of several jobs share one pool and finish in any order; each job must get its own seeds back.
-    sst2 = ft.prepare("encoder", bert_dir, get_task("sst2"), keyword_tables("sst2", 64, 32), settings(epochs=1))
-    stsb = ft.prepare("encoder", bert_dir, get_task("stsb"), keyword_tables("stsb", 48, 32), settings(epochs=1))
+    sst2 = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(get_task("sst2"), epochs=1))
+    stsb = prepare("encoder", bert_dir, keyword_tables("stsb", 48, 32), settings(get_task("stsb"), epochs=1))
     work = [(sst2, [3, 1]), (stsb, [2]), (sst2, [4])]
-    pooled = ft.run_grid(work, workers=2)
+    pooled = grid.run_grid(work, workers=2)
     assert [[r["seed"] for r in rs] for rs in pooled] == [[3, 1], [2], [4]]
     for (job, seeds), results in zip(work, pooled):
         for seed, r in zip(seeds, results):
-            alone = ft.train_seed(job, seed)
+            alone = train_seed(job, seed)
             assert set(r["metrics"]["dev"]) == set(alone["metrics"]["dev"])  # stsb: pearson, spearman; sst2: accuracy
             np.testing.assert_array_equal(r["predictions"]["dev"], alone["predictions"]["dev"])
     with pytest.raises(PipelineError, match="no seeds"):
-        ft.run_grid([(sst2, [0]), (stsb, [])], workers=2)
+        grid.run_grid([(sst2, [0]), (stsb, [])], workers=2)
 
 
 def test_nan_loss_stops_with_pipeline_error(bert_dir, monkeypatch):
     spec = get_task("sst2")
-    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2", 32, 16), settings(epochs=1))
-    real = ft.build_model
+    job = prepare("encoder", bert_dir, keyword_tables("sst2", 32, 16), settings(spec, epochs=1))
+    real = build_model
 
     class Broken(torch.nn.Module):
         def __init__(self, inner):
@@ -186,43 +196,43 @@ def test_nan_loss_stops_with_pipeline_error(bert_dir, monkeypatch):
         def forward(self, batch):
             return self.inner(batch) * float("nan")
 
-    monkeypatch.setattr(ft, "build_model", lambda job: Broken(real(job)))
+    monkeypatch.setattr(loop, "build_model", lambda job: Broken(real(job)))
     with pytest.raises(PipelineError, match="loss became nan at step 0"):
-        ft.train_seed(job, 0)
+        train_seed(job, 0)
 
 
 def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_path, monkeypatch):
     spec = get_task("sst2")
-    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2", 64, 32), settings(epochs=1))
-    uninterrupted = ft.run_seeds(job, [0, 1, 2], workers=1)  # no checkpoint_dir: nothing is saved
+    job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1))
+    uninterrupted = grid.run_seeds(job, [0, 1, 2], workers=1)  # no checkpoint_dir: nothing is saved
     job.checkpoint_dir = str(tmp_path / "finished")
-    real, trained, kill = ft.train_seed, [], [True]
+    trained, kill = [], [True]
 
-    def train_seed(job, seed, device="cpu"):
+    def killed_train_seed(job, seed, device="cpu"):
         trained.append(seed)
         if seed == 2 and kill[0]:
             raise KeyboardInterrupt  # the machine goes away during seed 2
-        return real(job, seed, device)
+        return train_seed(job, seed, device)
 
-    monkeypatch.setattr(ft, "train_seed", train_seed)
+    monkeypatch.setattr(grid, "train_seed", killed_train_seed)
     with pytest.raises(KeyboardInterrupt):
-        ft.run_seeds(job, [0, 1, 2], workers=1)
+        grid.run_seeds(job, [0, 1, 2], workers=1)
     assert sorted(p.name for p in (tmp_path / "finished").iterdir()) == ["seed_0.pt", "seed_1.pt"]
     kill[0] = False
-    resumed = ft.run_seeds(job, [0, 1, 2], workers=1)
+    resumed = grid.run_seeds(job, [0, 1, 2], workers=1)
     assert trained == [0, 1, 2, 2]  # only the seed in flight is trained again
     for a, b in zip(uninterrupted, resumed):
         np.testing.assert_array_equal(a["predictions"]["dev"], b["predictions"]["dev"])
         assert a["metrics"] == b["metrics"] and a["last_epoch_loss"] == b["last_epoch_loss"]
     # Other settings, another model or other data: the saved seeds do not count.
-    job.settings = dataclasses.replace(job.settings, lr=1e-3)
-    ft.run_seeds(job, [0], workers=1)
+    job.hyperparameters = dataclasses.replace(job.hyperparameters, lr=1e-3)
+    grid.run_seeds(job, [0], workers=1)
     assert trained[4:] == [0]
     changed = tmp_path / "changed"
     shutil.copytree(bert_dir, changed)
     (changed / "config.json").write_text((changed / "config.json").read_text() + "\n")
-    assert ft.prepare("encoder", changed, spec, keyword_tables("sst2", 64, 32), settings(epochs=1)).identity != job.identity
-    assert ft.prepare("encoder", bert_dir, spec, keyword_tables("sst2", 64, 31), settings(epochs=1)).identity != job.identity
+    assert prepare("encoder", changed, keyword_tables("sst2", 64, 32), settings(spec, epochs=1)).identity != job.identity
+    assert prepare("encoder", bert_dir, keyword_tables("sst2", 64, 31), settings(spec, epochs=1)).identity != job.identity
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -292,14 +302,14 @@ def test_rounding_lengths_up_to_8_changes_no_score(bert_dir):
     np.testing.assert_array_equal(rounded["input_ids"][:, :longest], exact["input_ids"])
     assert (rounded["input_ids"][:, longest:] == tok.pad_token_id).all()
     torch.manual_seed(0)
-    model = ft.EncoderClassifier(bert_dir, spec).eval()
+    model = EncoderClassifier(bert_dir, spec).eval()
     with torch.no_grad():
         scores = [model({k: torch.from_numpy(v) for k, v in b.items()}) for b in (exact, rounded)]
     torch.testing.assert_close(scores[0], scores[1], atol=1e-5, rtol=1e-5)
     # rounding only on a GPU, and never past a max_len that is no multiple of 8
-    assert ft.pad_multiple(settings(), torch.device("cuda")) == 8
-    assert ft.pad_multiple(settings(), torch.device("cpu")) == 1
-    assert ft.pad_multiple(settings(max_len=100), torch.device("cuda")) == 1
+    assert pad_multiple(32, torch.device("cuda")) == 8
+    assert pad_multiple(32, torch.device("cpu")) == 1
+    assert pad_multiple(100, torch.device("cuda")) == 1
 
 
 def test_compiled_training_matches_eager(bert_dir, monkeypatch):
@@ -317,11 +327,11 @@ def test_compiled_training_matches_eager(bert_dir, monkeypatch):
 
     spec = get_task("sst2")
     tables = keyword_tables("sst2", 48, 32)
-    eager = ft.train_seed(ft.prepare("encoder", bert_dir, spec, tables, settings(epochs=2)), 0)
+    eager = train_seed(prepare("encoder", bert_dir, tables, settings(spec, epochs=2)), 0)
     monkeypatch.setattr(torch, "compile", compile_eagerly)
     torch._dynamo.reset()
     counters.clear()
-    compiled = ft.train_seed(ft.prepare("encoder", bert_dir, spec, tables, settings(epochs=2, compile=True)), 0)
+    compiled = train_seed(prepare("encoder", bert_dir, tables, settings(spec, epochs=2, compile=True)), 0)
     assert calls == [{"dynamic": True}]
     assert counters["stats"]["unique_graphs"] >= 1  # dynamo really captured the model
     assert counters["stats"]["unique_graphs"] <= 3  # not one graph per batch length (train, eval)
@@ -333,8 +343,8 @@ def test_compiled_training_matches_eager(bert_dir, monkeypatch):
 
 def test_layer_lr_decay_assigns_the_expected_rates(tmp_path):
     directory = save_tiny_bert(tmp_path / "bert3", layers=3)
-    model = ft.EncoderClassifier(directory, get_task("rte"))
-    groups = ft.parameter_groups(model, lr=1.0, weight_decay=0.01, layer_lr_decay=0.5)
+    model = EncoderClassifier(directory, get_task("rte"))
+    groups = parameter_groups(model, lr=1.0, weight_decay=0.01, layer_lr_decay=0.5)
     lr_of = {n: g["lr"] for g in groups for n in g["names"]}
     wd_of = {n: g["weight_decay"] for g in groups for n in g["names"]}
     assert lr_of["model.bert.embeddings.word_embeddings.weight"] == 0.5 ** 4       # below layer 0
@@ -345,10 +355,10 @@ def test_layer_lr_decay_assigns_the_expected_rates(tmp_path):
     assert wd_of["model.classifier.weight"] == 0.01 and wd_of["model.classifier.bias"] == 0.0
     assert wd_of["model.bert.encoder.layer.1.output.LayerNorm.weight"] == 0.0
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
-    off = ft.parameter_groups(model, lr=2e-5, weight_decay=0.0, layer_lr_decay=1.0)
+    off = parameter_groups(model, lr=2e-5, weight_decay=0.0, layer_lr_decay=1.0)
     assert {g["lr"] for g in off} == {2e-5}
     # CLIP's naming and two stacks (the full model): each stack counts from its own top
-    depths = ft.layer_depths([
+    depths = layer_depths([
         "tower.token_embedding.weight", "tower.positional_embedding", "tower.transformer.resblocks.0.mlp.c_fc.weight",
         "tower.transformer.resblocks.1.ln_1.weight", "tower.ln_final.weight", "out.weight",
         "xd.encoder.embeddings.word_embeddings.weight", "xd.encoder.encoder.layer.0.output.dense.weight",
@@ -365,17 +375,17 @@ def test_layer_lr_decay_assigns_the_expected_rates(tmp_path):
 def test_paper_learning_rates_by_task_and_size():
     table = {t: {"base": get_task(t).learning_rate("base"), "large": get_task(t).learning_rate("large")}
              for t in ("rte", "stsb", "mnli", "swag")}
-    assert ft.learning_rate(table, get_task("rte"), ft.size_of(768)) == 1e-4
-    assert ft.learning_rate(table, get_task("stsb"), ft.size_of(1024)) == 5e-5
-    assert ft.learning_rate(table, get_task("mnli"), ft.size_of(768)) == 2e-5
-    assert ft.learning_rate(table, get_task("swag"), ft.size_of(1024)) == 1e-5
+    assert learning_rate(table, get_task("rte"), size_of(768)) == 1e-4
+    assert learning_rate(table, get_task("stsb"), size_of(1024)) == 5e-5
+    assert learning_rate(table, get_task("mnli"), size_of(768)) == 2e-5
+    assert learning_rate(table, get_task("swag"), size_of(1024)) == 1e-5
     with pytest.raises(PipelineError, match="finetune.lr"):
-        ft.learning_rate({"mnli": {"base": 1e-3}}, get_task("rte"), "base")
+        learning_rate({"mnli": {"base": 1e-3}}, get_task("rte"), "base")
     # the full cross-modal model takes the task's `full` rate where there is one, else the encoder's
     table["rte"]["full"] = 3e-5
-    assert ft.learning_rate(table, get_task("rte"), "base", "full") == 3e-5
-    assert ft.learning_rate(table, get_task("rte"), "base", "encoder") == 1e-4
-    assert ft.learning_rate(table, get_task("stsb"), "base", "full") == 1e-4
+    assert learning_rate(table, get_task("rte"), "base", "full") == 3e-5
+    assert learning_rate(table, get_task("rte"), "base", "encoder") == 1e-4
+    assert learning_rate(table, get_task("stsb"), "base", "full") == 1e-4
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -384,9 +394,9 @@ def test_paper_learning_rates_by_task_and_size():
 
 def test_results_have_medians_and_one_row_per_seed_split_example(bert_dir, tmp_path):
     spec = get_task("mnli")
-    job = ft.prepare("encoder", bert_dir, spec, keyword_tables("mnli", 48, 20), settings(epochs=1))
-    runs = ft.run_seeds(job, [0, 1, 2], workers=1)
-    metrics = ft.write_results(tmp_path / "out", job, runs, {"run": "tiny"})
+    job = prepare("encoder", bert_dir, keyword_tables("mnli", 48, 20), settings(spec, epochs=1))
+    runs = grid.run_seeds(job, [0, 1, 2], workers=1)
+    metrics = write_results(tmp_path / "out", job, runs, {"run": "tiny"})
     preds = pq.read_table(tmp_path / "out" / "predictions.parquet").to_pandas()
     assert len(preds) == 3 * 2 * 20 and set(preds["split"]) == {"dev_matched", "dev_mismatched"}
     assert list(preds.columns) == ["seed", "split", "idx", "prediction", "label", "correct"]
@@ -398,7 +408,7 @@ def test_results_have_medians_and_one_row_per_seed_split_example(bert_dir, tmp_p
     # a run with a wrong number of predictions is refused and nothing is written
     runs[1]["predictions"]["dev_matched"] = runs[1]["predictions"]["dev_matched"][:-1]
     with pytest.raises(PipelineError, match="19 predictions for 20 examples"):
-        ft.write_results(tmp_path / "bad", job, runs, {})
+        write_results(tmp_path / "bad", job, runs, {})
     assert not (tmp_path / "bad").exists()
 
 
@@ -463,13 +473,14 @@ def test_stage_writes_metrics_and_predictions(workdir):
 def test_runs_of_a_task_follow_the_tables():
     f = {"models": ["baseline", "xdbert"], "ablations": ["mlm"], "ablation_tasks": ["rte"], "full_models": ["xdbert"],
          "clip_tasks": ["rte"]}
-    spec = importlib.util.spec_from_file_location("finetune_stage", ROOT / "stages" / "finetune.py")
-    stage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage)
-    assert stage.runs_for(f, "rte") == [("encoder", "baseline", "baseline"), ("encoder", "xdbert", "xdbert"),
-                                        ("encoder", "mlm", "mlm"), ("full", "xdbert", "full_xdbert"), ("clip", "clip", "clip_t")]
-    assert stage.runs_for(f, "sst2") == [("encoder", "baseline", "baseline"), ("encoder", "xdbert", "xdbert"),
-                                         ("full", "xdbert", "full_xdbert")]
+    study = Study.from_params(f)
+    assert study.runs("rte") == [("encoder", "baseline", "baseline"), ("encoder", "xdbert", "xdbert"),
+                                 ("encoder", "mlm", "mlm"), ("full", "xdbert", "full_xdbert"), ("clip", "clip", "clip_t")]
+    assert study.runs("sst2") == [("encoder", "baseline", "baseline"), ("encoder", "xdbert", "xdbert"),
+                                  ("full", "xdbert", "full_xdbert")]
+    assert [r.model_dir for r in study.runs("rte")] == [Path("models/adapted/baseline"), Path("models/adapted/xdbert"),
+                                                        Path("models/adapted/mlm"), Path("models/crossmodal/xdbert"),
+                                                        Path("models/pretrain_clip")]
 
 
 @pytest.mark.parametrize("args, change, message", [
@@ -514,7 +525,9 @@ def test_stage_fails_on_a_missing_split_file(workdir, monkeypatch, capsys):
 def crossmodal_dirs(tmp_path_factory, bert_dir):
     from transformers import AutoTokenizer
 
-    from xdbert.modeling import CLIPTextTower, XDBertConfig, XDBertModel, save_clip_tower, save_full
+    from xdbert.model.clip_tower import CLIPTextTower
+    from xdbert.model.modeling import XDBertConfig, XDBertModel
+    from xdbert.model.saving import save_clip_tower, save_full
 
     root = tmp_path_factory.mktemp("xmodels")
     torch.manual_seed(0)
@@ -530,42 +543,42 @@ def crossmodal_dirs(tmp_path_factory, bert_dir):
 @pytest.mark.parametrize("kind, task", [("full", "sst2"), ("full", "swag"), ("clip", "stsb"), ("clip", "swag")])
 def test_full_and_clip_kinds_finetune_end_to_end(crossmodal_dirs, bert_dir, kind, task):
     spec = get_task(task)
-    job = ft.prepare(kind, crossmodal_dirs / kind, spec, keyword_tables(task, 32, 12), settings(epochs=1),
+    job = prepare(kind, crossmodal_dirs / kind, keyword_tables(task, 32, 12), settings(spec, epochs=1),
                      tokenizer_dir=bert_dir)
     blocks = job.data["train"].clip_ids
     n_sentences = 2 if spec.pair else 1
     assert blocks.shape == (32, spec.num_labels if spec.kind == "multiple_choice" else 1, 2 * n_sentences, 77)
     assert (blocks[:, :, ::2, 0] == 49406).all()  # every sentence starts its own blocks with [SOT]
-    run = ft.train_seed(job, 0)
+    run = train_seed(job, 0)
     pred = run["predictions"]["dev"]
     assert pred.shape == (12,) and np.isfinite(run["last_epoch_loss"])
-    again = ft.train_seed(job, 0)
+    again = train_seed(job, 0)
     np.testing.assert_array_equal(pred, again["predictions"]["dev"])
 
 
 @pytest.mark.parametrize("kind", ["full", "clip"])
 def test_only_the_tasks_clip_rows_are_trained_and_nothing_else_changes(crossmodal_dirs, bert_dir, monkeypatch, kind):
     spec = get_task("stsb")
-    job = ft.prepare(kind, crossmodal_dirs / kind, spec, keyword_tables("stsb", 48, 16), settings(epochs=2),
+    job = prepare(kind, crossmodal_dirs / kind, keyword_tables("stsb", 48, 16), settings(spec, epochs=2),
                      tokenizer_dir=bert_dir)
     used = np.unique(np.concatenate([d.clip_ids.ravel() for d in job.data.values()]))
     assert {0, 49406, 49407} <= set(used.tolist()) and len(used) < 1000
     torch.manual_seed(0)
-    model = ft.build_model(job)
+    model = build_model(job)
     table = model.xd.clip.token_embedding if kind == "full" else model.tower.token_embedding
-    assert isinstance(table, ft.RowSubsetEmbedding) and table.weight.shape == (len(used), 64)
+    assert isinstance(table, RowSubsetEmbedding) and table.weight.shape == (len(used), 64)
     name = "xd.clip.token_embedding.weight" if kind == "full" else "tower.token_embedding.weight"
     assert dict(model.named_parameters())[name] is table.weight  # the name layer_lr_decay reads is kept
     with pytest.raises(IndexError):  # an id no split holds has no row
         table(torch.tensor([int(np.setdiff1d(np.arange(49408), used)[0])]))
     # Trained with the whole table instead: the same losses and predictions.
-    subset = ft.train_seed(job, 0)
-    monkeypatch.setattr(ft, "RowSubsetEmbedding", lambda full, ids: full)
-    whole = ft.train_seed(job, 0)
+    subset = train_seed(job, 0)
+    monkeypatch.setattr(job_module, "RowSubsetEmbedding", lambda full, ids: full)
+    whole = train_seed(job, 0)
     np.testing.assert_array_equal(subset["predictions"]["dev"], whole["predictions"]["dev"])
     assert subset["last_epoch_loss"] == pytest.approx(whole["last_epoch_loss"], rel=1e-5)
 
 
 def test_full_kind_without_a_tokenizer_folder_names_it(crossmodal_dirs):
     with pytest.raises(PipelineError, match="pass tokenizer_dir"):
-        ft.prepare("full", crossmodal_dirs / "full", get_task("sst2"), keyword_tables("sst2", 8, 4), settings())
+        prepare("full", crossmodal_dirs / "full", keyword_tables("sst2", 8, 4), settings(get_task("sst2")))

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from xdbert.clip import clip_block_mask
-from xdbert.masking import adaptation_inputs, choose_exact, choose_match_negatives, cliptc_targets, collate, mask_for_mlm
+from xdbert.adaptation.masking import adaptation_inputs, choose_exact, choose_match_negatives, cliptc_targets, collate, mask_for_mlm
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 SPECIAL = (PAD, UNK, CLS, SEP, MASK)

@@ -6,8 +6,8 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, mean_squared_error
 
+from xdbert.data.tasks import TASK_NAMES, compute_metrics, get_task, headline
 from xdbert.errors import PipelineError
-from xdbert.tasks import TASK_NAMES, compute_metrics, get_task, headline
 
 rng = np.random.default_rng(0)
 
@@ -123,7 +123,7 @@ def test_every_task_reports_its_headline_first():
 @pytest.mark.parametrize("task", ["rte", "mrpc", "cola", "mnli", "swag", "stsb", "read"])
 def test_resampled_metrics_equal_one_library_call_per_resample(task):
     """The bootstrap's vectorised metrics give, resample by resample, what compute_metrics gives."""
-    from xdbert.tasks.metrics import resampled_metric
+    from xdbert.data.tasks.metrics import resampled_metric
 
     spec = get_task(task)
     if spec.kind == "regression":

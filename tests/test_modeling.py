@@ -8,13 +8,14 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, BertForMaskedLM
 
-from xdbert import modeling
 from xdbert.clip import clip_block_mask
 from xdbert.errors import PipelineError
-from xdbert.modeling import (
-    CLIPTextTower, CrossModalLayer, MaskedTokenHead, XDBertConfig, XDBertModel, build_language_encoder,
-    count_parameters, load_full, save_adapted, save_full,
-)
+from xdbert.model import clip_tower
+from xdbert.model.clip_tower import CLIPTextTower, clip_uses_quick_gelu
+from xdbert.model.encoders import build_language_encoder
+from xdbert.model.layers import CrossModalLayer, MaskedTokenHead
+from xdbert.model.modeling import XDBertConfig, XDBertModel, count_parameters
+from xdbert.model.saving import load_full, save_adapted, save_full
 
 SOT, EOT = 49406, 49407
 CLS, SEP, MASK = 2, 3, 4
@@ -140,8 +141,8 @@ def test_all_blocks_unused_gives_zeros_not_nans():
 
 
 def test_clip_quick_gelu_follows_the_pretrained_tag():
-    assert modeling.clip_uses_quick_gelu("ViT-B-32", "openai") is True
-    assert modeling.clip_uses_quick_gelu("ViT-B-32", "") is False
+    assert clip_uses_quick_gelu("ViT-B-32", "openai") is True
+    assert clip_uses_quick_gelu("ViT-B-32", "") is False
 
 
 def test_unknown_clip_tag_and_offline_download_give_clear_errors(monkeypatch):
@@ -151,7 +152,7 @@ def test_unknown_clip_tag_and_offline_download_give_clear_errors(monkeypatch):
     def offline(*args, **kwargs):
         raise RuntimeError("Failed to download weights") from ConnectionError("couldn't connect to huggingface.co")
 
-    monkeypatch.setattr(modeling.open_clip, "create_model", offline)
+    monkeypatch.setattr(clip_tower.open_clip, "create_model", offline)
     with pytest.raises(PipelineError, match="HF_HUB_OFFLINE"):
         CLIPTextTower.build("ViT-B-32", "openai")
 

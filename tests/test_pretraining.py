@@ -1,6 +1,7 @@
 """The embedded encoder's pretraining stand-in: restated pairs, their masking, a falling loss, resume."""
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -8,8 +9,12 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, BertConfig, BertForMaskedLM, BertTokenizer
 
-from xdbert import masking, pretraining
+from xdbert.adaptation import pretraining
+from xdbert.adaptation.settings import PretrainSettings
 from xdbert.errors import PipelineError
+from xdbert.model import IGNORE_INDEX
+from xdbert.model.encoders import encoder_source
+from xdbert.profiles import values
 
 WORDS = ["the", "red", "blue", "cat", "dog", "boat", "saw", "built", "park", "hill", "in", "on", "a", "green", "man"]
 
@@ -24,10 +29,10 @@ def corpus(n: int = 200) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 9))) + "." for _ in range(n)]
 
 
-def settings(**kw) -> pretraining.PretrainSettings:
-    base = dict(steps=60, batch_size=16, lr=5e-3, mlm_prob=0.15, restate_mask_prob=0.5, warmup_ratio=0.05,
-                weight_decay=0.01, max_len=32, checkpoint_every=10, seed=0)
-    return pretraining.PretrainSettings(**{**base, **kw})
+def settings(**kw) -> PretrainSettings:
+    """The embedded profile's settings, sized for these tiny models (60 steps, checkpoints every 10)."""
+    base = dict(steps=60, batch_size=16, lr=5e-3, max_len=32, checkpoint_every=10)
+    return dataclasses.replace(PretrainSettings.from_params(values("embedded")), **{**base, **kw})
 
 
 def tiny_model(vocab_size: int) -> BertForMaskedLM:
@@ -52,7 +57,7 @@ def test_masking_targets_the_restatement_more(tmp_path):
     first, second = pretraining.restated_pairs(corpus(), 64, random.Random(2))
     batch = pretraining.masked_batch(tok, first, second, settings(), torch.Generator().manual_seed(0))
     plain = tok(first, second, padding=True, return_tensors="pt")
-    targets = batch["labels"] != masking.IGNORE_INDEX
+    targets = batch["labels"] != IGNORE_INDEX
     assert torch.equal(batch["labels"][targets], plain["input_ids"][targets])
     real = plain["attention_mask"].bool() & ~torch.isin(plain["input_ids"], torch.tensor(tok.all_special_ids))
     in_a, in_b = real & (plain["token_type_ids"] == 0), real & (plain["token_type_ids"] == 1)
@@ -74,7 +79,7 @@ def test_target_logits_equal_the_full_heads_at_the_targets(tmp_path, model_type)
         model_type, vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
         intermediate_size=64, max_position_embeddings=70, dim=32, n_layers=1, n_heads=2, hidden_dim=64)).eval()  # no dropout
     logits, labels = pretraining.target_logits(model, batch)
-    targets = batch["labels"] != masking.IGNORE_INDEX
+    targets = batch["labels"] != IGNORE_INDEX
     assert labels.tolist() == batch["labels"][targets].tolist() and logits.shape == (int(targets.sum()), len(tok))
     reference = model(**batch)
     assert torch.allclose(logits, reference.logits[targets], atol=1e-5)
@@ -114,13 +119,35 @@ def test_killed_pretraining_resumes_to_the_same_weights(tmp_path, capsys):
 
 def test_encoder_source_needs_the_stand_in_for_random_encoders(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert pretraining.encoder_source({"encoder": "bert-base-uncased"}) == "bert-base-uncased"
+    assert encoder_source("bert-base-uncased") == "bert-base-uncased"
     with pytest.raises(PipelineError, match="run `dvc repro pretrain_encoder`"):
-        pretraining.encoder_source({"encoder": "random:bert"})
+        encoder_source("random:bert")
     with pytest.raises(PipelineError, match="unknown encoder model type `notamodel`"):
-        pretraining.encoder_source({"encoder": "random:notamodel"})
-    tiny_model(30).save_pretrained(tmp_path / "models" / "pretrained" / "encoder")
-    assert pretraining.encoder_source({"encoder": "random:bert"}) == "models/pretrained/encoder"
+        encoder_source("random:notamodel")
+    tiny_model(30).save_pretrained(tmp_path / "models" / "pretrain_encoder")
+    assert encoder_source("random:bert") == "models/pretrain_encoder"
+
+
+def test_clip_stand_in_settings_check_only_what_it_trains_with():
+    p = values("embedded")
+    s = PretrainSettings.clip_from_params(p, "")
+    assert s.steps == p["pretrain"]["clip_steps"] and s.lr == p["pretrain"]["lr"]
+    p["pretrain"]["mlm_prob"] = 7  # the encoder stand-in's masking: not the CLIP tower's business
+    assert PretrainSettings.clip_from_params(p, "").steps == s.steps
+    assert PretrainSettings.clip_from_params(p, "openai") is None  # pretrained weights: used as downloaded
+    p["pretrain"]["clip_steps"] = 0
+    assert PretrainSettings.clip_from_params(p, "") is None
+    for steps in (-1, 1.5, True):
+        p["pretrain"]["clip_steps"] = steps
+        with pytest.raises(PipelineError, match=r"`pretrain.clip_steps` must be an integer >= 0"):
+            PretrainSettings.clip_from_params(p, "openai")
+    p = values("embedded")
+    p["pretrain"]["weight_decay"] = 2
+    with pytest.raises(PipelineError, match="`pretrain.weight_decay` must be a number between 0 and 1; got 2"):
+        PretrainSettings.clip_from_params(p, "")
+    del p["pretrain"]["seed"]
+    with pytest.raises(PipelineError, match="missing param `pretrain.seed`"):
+        PretrainSettings.from_params(p)
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -136,10 +163,10 @@ def test_stage_rejects_bad_params_and_keeps_the_previous_output(tmp_path, monkey
     import yaml
 
     root = Path(__file__).resolve().parents[1]
-    params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
+    params = values("embedded")
     params["pretrain"][key] = value
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
-    previous = tmp_path / "models" / "pretrained" / "encoder"
+    previous = tmp_path / "models" / "pretrain_encoder"
     previous.mkdir(parents=True)
     (previous / "config.json").write_text("previous output\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
@@ -170,7 +197,7 @@ def clip_blocks(n: int = 200) -> torch.Tensor:
 
 
 def tiny_tower():
-    from xdbert.modeling import CLIPTextTower
+    from xdbert.model.clip_tower import CLIPTextTower
 
     torch.manual_seed(0)
     return CLIPTextTower.build("xdbert-tiny")

@@ -6,6 +6,8 @@ import scipy.stats
 
 from xdbert.analysis import pwcca as P
 from xdbert.errors import PipelineError
+from xdbert.paths import PRETRAIN_CLIP, PRETRAIN_ENCODER
+from xdbert.profiles import values
 
 
 def views(n=600, d1=12, d2=8, seed=0, noise=0.5):
@@ -152,7 +154,9 @@ def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
     from transformers import BertTokenizer, ElectraConfig, ElectraModel
 
     from xdbert.clip import clip_tokenizer
-    from xdbert.modeling import CLIPTextTower, build_masked_lm, save_clip_tower
+    from xdbert.model.clip_tower import CLIPTextTower
+    from xdbert.model.encoders import build_masked_lm
+    from xdbert.model.saving import save_clip_tower
 
     clip_words = sorted(P.clip_bpe_words(clip_tokenizer("xdbert-tiny").encoder).items(), key=lambda kv: kv[1])
     words = [w for w, _ in clip_words[:400]]
@@ -173,9 +177,9 @@ def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     # what pretrain_encoder leaves for a random:bert encoder (untrained here: the test checks the table's machinery)
     build_masked_lm("random:bert", params["model"]["encoder_config"], len(vocab)).save_pretrained(
-        tmp_path / "models" / "pretrained" / "encoder")
-    # and what the `pretrained` stage leaves: the CLIP tower adaptation starts from
-    save_clip_tower(CLIPTextTower.build("xdbert-tiny"), tmp_path / "models" / "pretrained" / "clip", "xdbert-tiny")
+        tmp_path / PRETRAIN_ENCODER)
+    # and what the `pretrain_clip` stage leaves: the CLIP tower adaptation starts from
+    save_clip_tower(CLIPTextTower.build("xdbert-tiny"), tmp_path / PRETRAIN_CLIP, "xdbert-tiny")
     monkeypatch.chdir(tmp_path)
     load_stage("pwcca").main()
 
@@ -198,3 +202,40 @@ def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(PipelineError, match="`pwcca.electra` is empty"):
         load_stage("pwcca").main()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The `pwcca` params
+# ----------------------------------------------------------------------------------------------------
+
+def pwcca_params(**overrides) -> dict:
+    params = values("embedded")
+    params["pwcca"].update(overrides)
+    return params
+
+
+def test_settings_from_the_embedded_profile():
+    s = P.PwccaSettings.from_params(values("embedded"))
+    assert s.pairs == (("encoder", "clip"), ("encoder", "random"), ("clip", "random"))
+    assert s.systems == {"encoder", "clip", "random"} and s.electra is None  # read only when a pair uses it
+    assert (s.eps, s.weight_by, s.min_words_ratio, s.seed, s.clip_tower) == (1e-6, "smaller", 5.0, 0, "")
+    paper = P.PwccaSettings.from_params(values("paper"))
+    assert paper.electra == "google/electra-base-discriminator" and ("encoder", "electra") in paper.pairs
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"pairs": []}, "`pwcca.pairs` must be a non-empty list of [a, b] pairs of encoder, electra, clip, random"),
+    ({"pairs": [["encoder", "encoder"]]}, "entry ['encoder', 'encoder'] of `pwcca.pairs` must be two different systems"),
+    ({"pairs": [["encoder", "bert"]]}, "unknown entry of `pwcca.pairs entry` 'bert'"),
+    ({"pairs": [["encoder", "electra"]]}, "`pwcca.pairs` uses `electra` but `pwcca.electra` is empty"),
+    ({"eps": -1}, "`pwcca.eps` must be a number >= 0; got -1"),
+    ({"weight_by": "z"}, "unknown pwcca.weight_by 'z'; allowed: x, y, smaller"),
+    ({"min_words_ratio": 0}, "`pwcca.min_words_ratio` must be a positive number"),
+    ({"seed": -2}, "`pwcca.seed` must be a non-negative integer"),
+    ({"clip_tower": "models/nothing"}, "`pwcca.clip_tower: models/nothing` is not a saved CLIP tower folder"),
+])
+def test_settings_errors_name_the_key(overrides, message):
+    with pytest.raises(PipelineError) as e:
+        P.PwccaSettings.from_params(pwcca_params(**overrides))
+    assert message in str(e.value)
+

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from xdbert import shards as S
+from xdbert.data import shards as S
 from xdbert.errors import PipelineError
 
 MAX_LEN, N_BLOCKS = 12, 2
@@ -107,7 +107,7 @@ def expect_problem(root, split: str, name: str, verify: bool = False) -> str:
     with pytest.raises(PipelineError) as e:
         S.open_shards(root, split, verify=verify)
     text = str(e.value)
-    assert name in text and "dvc repro tokenize" in text
+    assert name in text and "dvc repro dual_tokenize" in text
     return text
 
 
@@ -156,5 +156,5 @@ def test_missing_manifest_and_unknown_split(shard_set):
     with pytest.raises(PipelineError, match="no split 'test'"):
         S.open_shards(root, "test")
     (root / "manifest.json").unlink()
-    with pytest.raises(PipelineError, match="missing .*manifest.json.*dvc repro tokenize"):
+    with pytest.raises(PipelineError, match="missing .*manifest.json.*dvc repro dual_tokenize"):
         S.read_manifest(root)

@@ -1,6 +1,7 @@
 """The tasks stage: registry, hub loaders on local copies in the hub's layout, generated stand-ins
 (schema, determinism, real semantics, learnability by simple baselines) and the stage's errors."""
 import json
+import random
 import re
 import subprocess
 import sys
@@ -18,11 +19,16 @@ from sklearn.feature_extraction import FeatureHasher
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression, Ridge
 
-from xdbert import corpus
+from xdbert.data.synthetic.documents import generate_corpus
+from xdbert.data.synthetic.glue import gen_cola
+from xdbert.data.synthetic.readability import READ_NOISE, readability_features, readability_target
+from xdbert.data.synthetic.tasks import generate_task
+from xdbert.data.synthetic.words import AFFORDANCES, INTRANSITIVE, SYNONYM_FORMS, VERBS
+from xdbert.data.tasks import TASK_NAMES, compute_metrics, get_task, schema
+from xdbert.data.tasks import hub
+from xdbert.data.tasks.settings import TasksSettings
 from xdbert.errors import PipelineError
-from xdbert.tasks import TASK_NAMES, compute_metrics, get_task, schema
-from xdbert.tasks import generate as G
-from xdbert.tasks import hub
+from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN, DEV = 600, 200
@@ -30,7 +36,7 @@ TRAIN, DEV = 600, 200
 
 @pytest.fixture(scope="module")
 def generated() -> dict[str, dict[str, pa.Table]]:
-    return {name: G.generate_task(name, TRAIN, DEV, seed=0) for name in TASK_NAMES}
+    return {name: generate_task(name, TRAIN, DEV, seed=0) for name in TASK_NAMES}
 
 
 def frame(table: pa.Table) -> pd.DataFrame:
@@ -263,22 +269,22 @@ def test_generated_schema_sizes_and_balance(generated):
 
 def test_generated_is_deterministic():
     for name in ("mrpc", "swag", "read", "mnli"):
-        a, b = G.generate_task(name, 50, 20, seed=1), G.generate_task(name, 50, 20, seed=1)
+        a, b = generate_task(name, 50, 20, seed=1), generate_task(name, 50, 20, seed=1)
         assert all(a[s].equals(b[s]) for s in a)
-        c = G.generate_task(name, 50, 20, seed=2)
+        c = generate_task(name, 50, 20, seed=2)
         assert not a["train"].equals(c["train"])
 
 
 def test_generated_bad_sizes():
     with pytest.raises(PipelineError, match="tasks.train_size"):
-        G.generate_task("rte", 0, 10, 0)
+        generate_task("rte", 0, 10, 0)
     with pytest.raises(PipelineError, match="tasks.dev_size"):
-        G.generate_task("rte", 10, -5, 0)
+        generate_task("rte", 10, -5, 0)
 
 
 def test_tasks_use_the_corpus_vocabulary(generated):
     """Every word of every task occurs in the generated corpus: the pretrained tiny model has seen them all."""
-    seen = {w for d in corpus.generate_corpus(300, 30, 0)["train"] for w in re.findall(r"[a-z]+", d.lower())}
+    seen = {w for d in generate_corpus(300, 30, 0)["train"] for w in re.findall(r"[a-z]+", d.lower())}
     unseen = Counter()
     for name, splits in generated.items():
         for table in splits.values():
@@ -293,7 +299,7 @@ def test_tasks_use_the_corpus_vocabulary(generated):
 # ------------------------------------------------------------------------------------------------
 
 FUNCTION = {"the", "a", "an", "was", "were", "by", "in", "on", "at", "did", "not", "it"}
-LEMMA = {f: v.base for v in corpus.VERBS for f in (v.base, v.s, v.past, v.pp, v.ing)}
+LEMMA = {f: v.base for v in VERBS for f in (v.base, v.s, v.past, v.pp, v.ing)}
 
 
 def content(text: str) -> Counter:
@@ -303,7 +309,7 @@ def content(text: str) -> Counter:
         if w in FUNCTION:
             continue
         w = LEMMA.get(w, w)
-        syn = corpus.SYNONYM_FORMS.get(w)
+        syn = SYNONYM_FORMS.get(w)
         out[LEMMA.get(min(w, syn), min(w, syn)) if syn else w] += 1
     return out
 
@@ -336,9 +342,9 @@ def test_stsb_score_tracks_shared_content(generated):
 
 def test_swag_gold_ending_is_what_the_object_is_for(generated):
     for row in frame(generated["swag"]["train"]).itertuples():
-        obj = next(o for o in corpus.AFFORDANCES if re.search(rf"\b{o}\b", row.text_a))
-        group = corpus.AFFORDANCES[obj][0]
-        fits = {p for o, (g, ps) in corpus.AFFORDANCES.items() if g == group for p in ps}
+        obj = next(o for o in AFFORDANCES if re.search(rf"\b{o}\b", row.text_a))
+        group = AFFORDANCES[obj][0]
+        fits = {p for o, (g, ps) in AFFORDANCES.items() if g == group for p in ps}
 
         def plain(ending: str) -> str:
             return re.sub(rf"\bthe {obj}\b", "it", ending.rstrip("."), count=1)
@@ -348,10 +354,10 @@ def test_swag_gold_ending_is_what_the_object_is_for(generated):
 
 def test_cola_negatives_are_not_grammatical_sentences(generated):
     """A broken sentence has a word pair never seen in 3000 grammatical ones, or no verb at all."""
-    rng = G.random.Random("cola-reference")
-    good = [G.gen_cola(rng, 1)[0] for _ in range(3000)]
+    rng = random.Random("cola-reference")
+    good = [gen_cola(rng, 1)[0] for _ in range(3000)]
     bigrams = {b for s in good for b in zip(s.lower().split(), s.lower().split()[1:])}
-    verbs = set(LEMMA) | {f for v in corpus.INTRANSITIVE for f in (v.base, v.s, v.past, v.pp, v.ing)} | {"is", "are", "was", "were", "has", "have"}
+    verbs = set(LEMMA) | {f for v in INTRANSITIVE for f in (v.base, v.s, v.past, v.pp, v.ing)} | {"is", "are", "was", "were", "has", "have"}
     df = frame(generated["cola"]["dev"])
     for s in df[df.label == 0].text_a:
         words = s.lower().rstrip(".").split()
@@ -361,9 +367,9 @@ def test_cola_negatives_are_not_grammatical_sentences(generated):
 
 def test_read_target_is_a_function_of_readability(generated):
     df = frame(generated["read"]["train"])
-    expected = np.array([G.readability_target(G.readability_features(t)) for t in df.text_a])
-    assert np.abs(df.label.to_numpy() - expected).max() < 6 * G.READ_NOISE
-    wps = np.array([G.readability_features(t)["words_per_sentence"] for t in df.text_a])
+    expected = np.array([readability_target(readability_features(t)) for t in df.text_a])
+    assert np.abs(df.label.to_numpy() - expected).max() < 6 * READ_NOISE
+    wps = np.array([readability_features(t)["words_per_sentence"] for t in df.text_a])
     assert np.corrcoef(wps, df.label)[0, 1] < -0.5  # longer sentences, harder text
     assert -4 < df.label.min() and df.label.max() < 2.5  # CommonLit's range
 
@@ -482,7 +488,7 @@ def test_stage_writes_every_task_and_summary(tmp_path):
     assert set(summary["tasks"]["read"]["splits"]["dev"]["label"]) == {"mean", "std", "min", "max"}
     table = pq.read_table(out / "swag" / "train.parquet")
     assert table.schema == schema(get_task("swag"))
-    assert table.equals(G.generate_task("swag", 30, 12, 0)["train"])
+    assert table.equals(generate_task("swag", 30, 12, 0)["train"])
 
 
 def test_stage_train_sizes_override_one_task_and_leave_the_others_byte_identical(tmp_path):
@@ -500,19 +506,60 @@ def test_stage_train_sizes_override_one_task_and_leave_the_others_byte_identical
             assert split.read_bytes() == (b / name / split.name).read_bytes(), split
 
 
-STAGE_ERRORS = [
+def tasks_params(**overrides) -> dict:
+    params = values("embedded")
+    params["tasks"].update(overrides)
+    return params
+
+
+def test_settings_read_only_the_keys_of_their_source():
+    s = TasksSettings.from_params(values("embedded"))
+    assert (s.source, s.names, s.seed) == ("generated", TASK_NAMES, 0)
+    assert (s.train_size, s.train_sizes, s.dev_size) == (500, {"qnli": 2000, "swag": 1000}, 200)
+    assert s.glue_hub_id is None and s.read_path is None  # hub keys are not read for generated tasks
+    hub = TasksSettings.from_params(tasks_params(source="hub", names=["rte", "read"], read_path="train.csv", train_size=0))
+    assert (hub.glue_hub_id, hub.swag_hub_id, hub.read_path, hub.read_dev_fraction) == ("nyu-mll/glue", None, "train.csv", 0.1)
+    assert hub.train_size is None
+
+
+SETTINGS_ERRORS = [
     ({"names": ["rte", "wnli"]}, "allowed: rte, mrpc, stsb, cola, sst2, qnli, qqp, mnli, swag, read"),
     ({"names": []}, "`tasks.names` is empty"),
     ({"names": ["rte", "rte"]}, "twice"),
+    ({"seed": -1}, "`tasks.seed` must be a non-negative integer"),
     ({"train_size": 0}, "tasks.train_size"),
     ({"train_sizes": {"wnli": 40}}, "entry of `tasks.train_sizes`"),
     ({"train_sizes": {"rte": -1}}, "tasks.train_sizes.rte"),
     ({"train_sizes": [40]}, "tasks.train_sizes"),
     ({"dev_size": -3}, "tasks.dev_size"),
+    ({"dev_size": None}, "tasks.dev_size"),
     ({"source": "kaggle"}, "tasks.source"),
-    ({"source": "hub", "names": ["read"], "read_dev_fraction": 0.1}, "tasks.read_path"),
-    ({"source": "hub", "names": ["rte"]}, "tasks.glue_hub_id"),
-    ({"source": "hub", "names": ["rte"], "glue_hub_id": "nyu-mll/glue"}, "HF_HUB_OFFLINE=1"),
+    ({"source": "hub", "names": ["read"], "read_dev_fraction": 0.1}, "`tasks.read_path` is empty"),
+    ({"source": "hub", "names": ["read"], "read_path": "x.csv", "read_dev_fraction": 1}, "tasks.read_dev_fraction"),
+    ({"source": "hub", "names": ["rte"], "glue_hub_id": ""}, "`tasks.glue_hub_id` must be a non-empty string"),
+    ({"source": "hub", "names": ["swag"], "swag_hub_id": " "}, "`tasks.swag_hub_id` must be a non-empty string"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", SETTINGS_ERRORS)
+def test_settings_errors_name_the_key(overrides, message):
+    with pytest.raises(PipelineError) as e:
+        TasksSettings.from_params(tasks_params(**overrides))
+    assert message in str(e.value)
+
+
+def test_settings_missing_key_or_section():
+    params = values("embedded")
+    del params["tasks"]["dev_size"]
+    with pytest.raises(PipelineError, match="missing param `tasks.dev_size`"):
+        TasksSettings.from_params(params)
+    with pytest.raises(PipelineError, match="no section `tasks`"):
+        TasksSettings.from_params({"profile": "embedded"})
+
+
+STAGE_ERRORS = [
+    ({"names": ["rte", "rte"]}, "twice"),  # a settings error
+    ({"source": "hub", "names": ["rte"], "glue_hub_id": "nyu-mll/glue"}, "HF_HUB_OFFLINE=1"),  # a loading error
 ]
 
 

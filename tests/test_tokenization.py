@@ -1,4 +1,4 @@
-"""Dual tokenization: cleaning, the fast CLIP BPE, windows, blocks, alignment and the `tokenize` stage.
+"""Dual tokenization: cleaning, the fast CLIP BPE, windows, blocks, alignment and the `dual_tokenize` stage.
 
 Every id the pipeline produces is compared with the reference tokenizers: transformers' tokenizer
 called on the window text and open_clip's SimpleTokenizer.encode.
@@ -23,8 +23,17 @@ import pandas as pd
 import pytest
 import yaml
 
-from xdbert import tokenization as T
+from xdbert.data.tokenization.build import Settings, check_max_len
+from xdbert.data.tokenization.cleaning import _BADNESS_REACH, _looks_bad, clean_text, clip_reference_clean, fix_text
+from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
+from xdbert.data.tokenization.dual import DualTokenizer
+from xdbert.data.tokenization.pool import tokenize_docs
+from xdbert.data.tokenization.vocab import (BERT_SPECIALS, encoder_positions, load_encoder_tokenizer, train_wordpiece,
+                                            vocab_hash)
+from xdbert.data.tokenization.windows import (Layout, alignment_problem, clip_attention_mask, clip_blocks, clip_content,
+                                              concat_windows)
 from xdbert.errors import PipelineError
+from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIP = "xdbert-tiny"
@@ -50,7 +59,7 @@ MOJIBAKE = ["cafÃ©", "donâ€™t", "Ã  la carte", "&amp;amp;lt;b&gt;", "\x1
 
 
 def cleaned_corpus() -> list[str]:
-    return [T.clean_text(t) for t in REAL_TEXT]
+    return [clean_text(t) for t in REAL_TEXT]
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +71,14 @@ def clip_ref():
 
 @pytest.fixture(scope="module")
 def clip_fast():
-    return T.clip_fast_tokenizer(CLIP)
+    return clip_fast_tokenizer(CLIP)
 
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory):
     """A WordPiece vocabulary trained on the test text, saved the way the stage saves it."""
     folder = tmp_path_factory.mktemp("tok") / "tokenizer"
-    T.train_wordpiece(cleaned_corpus() * 3, 300, 512).save_pretrained(str(folder))
+    train_wordpiece(cleaned_corpus() * 3, 300, 512).save_pretrained(str(folder))
     return folder
 
 
@@ -80,11 +89,11 @@ def bert_ref(bert_dir):
     return AutoTokenizer.from_pretrained(str(bert_dir))
 
 
-def make_dual(bert_ref, clip_ref, clip_fast, max_len=24, n_blocks=2) -> T.DualTokenizer:
-    layout = T.Layout(max_len=max_len, n_blocks=n_blocks, cls_id=bert_ref.cls_token_id, sep_id=bert_ref.sep_token_id,
-                      pad_id=bert_ref.pad_token_id, sot_id=clip_ref.sot_token_id, eot_id=clip_ref.eot_token_id,
-                      bert_vocab_size=len(bert_ref))
-    return T.DualTokenizer(bert_ref.backend_tokenizer.to_str(), clip_fast.to_str(), layout)
+def make_dual(bert_ref, clip_ref, clip_fast, max_len=24, n_blocks=2) -> DualTokenizer:
+    layout = Layout(max_len=max_len, n_blocks=n_blocks, cls_id=bert_ref.cls_token_id, sep_id=bert_ref.sep_token_id,
+                    pad_id=bert_ref.pad_token_id, sot_id=clip_ref.sot_token_id, eot_id=clip_ref.eot_token_id,
+                    bert_vocab_size=len(bert_ref))
+    return DualTokenizer(bert_ref.backend_tokenizer.to_str(), clip_fast.to_str(), layout)
 
 
 def fast_clip_ids(clip_fast, text: str) -> list[int]:
@@ -109,7 +118,7 @@ def test_fix_text_is_exactly_ftfy():
     pool = [chr(c) for c in range(0x20, 0x7F)] + list("éüöàçñßøÃÂ©®€£—–‘’“”…ﬁ　Ａ\xa0\u0301\x85\u2028\r\x1b&<>;#×²") + MOJIBAKE
     texts = REAL_TEXT + MOJIBAKE + ["\n".join(REAL_TEXT)] + random_strings(0, 3000, pool)
     for t in texts:
-        assert T.fix_text(t) == ftfy.fix_text(t), t
+        assert fix_text(t) == ftfy.fix_text(t), t
 
 
 def test_ftfy_badness_patterns_are_short_and_need_non_ascii():
@@ -124,21 +133,21 @@ def test_ftfy_badness_patterns_are_short_and_need_non_ascii():
     alphabet = [c for c in alphabet if c not in "-\\"]
     longest = max((len(m.group()) for _ in range(3000)
                    for m in ftfy.badness.BADNESS_RE.finditer("".join(rng.choices(alphabet, k=40)))), default=0)
-    assert 0 < longest < T._BADNESS_REACH
+    assert 0 < longest < _BADNESS_REACH
     for s in random_strings(2, 2000, alphabet + ascii_chars):
-        assert T._looks_bad(s) or not ftfy.badness.is_bad(s), s
+        assert _looks_bad(s) or not ftfy.badness.is_bad(s), s
 
 
 def test_clean_text_rule_and_idempotence():
-    assert T.clean_text("  a \n\n b\t c  ") == "a b c"
-    assert T.clean_text("&amp;amp;amp;lt;b&gt;") == "<b>"  # unescaped until nothing is left
-    assert T.clean_text("x <start_of_text>y<END_OF_TEXT> z") == "x y z"
-    assert T.clean_text("<end_<end_of_text>of_text>") == "<end_ of_text>"  # replaced by a space: nothing new forms
-    assert T.clean_text("“It’s” ﬁne") == "\"It's\" fine"
+    assert clean_text("  a \n\n b\t c  ") == "a b c"
+    assert clean_text("&amp;amp;amp;lt;b&gt;") == "<b>"  # unescaped until nothing is left
+    assert clean_text("x <start_of_text>y<END_OF_TEXT> z") == "x y z"
+    assert clean_text("<end_<end_of_text>of_text>") == "<end_ of_text>"  # replaced by a space: nothing new forms
+    assert clean_text("“It’s” ﬁne") == "\"It's\" fine"
     for t in REAL_TEXT + MOJIBAKE:
-        c = T.clean_text(t)
-        assert T.clean_text(c) == c
-        assert T.clip_reference_clean(c) == c  # CLIP's own cleaning gives the text back
+        c = clean_text(t)
+        assert clean_text(c) == c
+        assert clip_reference_clean(c) == c  # CLIP's own cleaning gives the text back
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,7 +170,7 @@ def test_clip_fast_equals_simple_tokenizer_on_hard_unicode(clip_ref, clip_fast):
         texts.append("".join(chr(rng.randrange(*rng.choice(blocks))) if rng.random() < 0.7 else rng.choice(" abc'sT.,ſ")
                              for _ in range(rng.randint(1, 30))))
     for raw in texts:
-        text = T.clean_text(raw)
+        text = clean_text(raw)
         assert fast_clip_ids(clip_fast, text) == clip_ref.encode(text), repr(text)
 
 
@@ -189,9 +198,9 @@ def test_every_window_matches_the_reference_tokenizers(corpus_windows, bert_ref,
         assert win.bert_ids[i, :k].tolist() == bert_ref(text)["input_ids"], text
         assert (win.bert_ids[i, k:] == bert_ref.pad_token_id).all()
         ref = clip_ref.encode(text)
-        assert T.clip_content(win.clip_ids[i], clip_ref.eot_token_id) == ref, text
-        assert np.array_equal(win.clip_ids[i], T.clip_blocks(ref, dual.layout)[0])
-        assert T.alignment_problem(win.align_start[i], win.align_end[i], k, False, dual.layout) is None
+        assert clip_content(win.clip_ids[i], clip_ref.eot_token_id) == ref, text
+        assert np.array_equal(win.clip_ids[i], clip_blocks(ref, dual.layout)[0])
+        assert alignment_problem(win.align_start[i], win.align_end[i], k, False, dual.layout) is None
 
 
 def test_windows_cut_only_at_word_starts(corpus_windows, bert_ref):
@@ -216,7 +225,7 @@ def test_memo_and_whole_text_paths_agree(corpus_windows, bert_ref, clip_ref, cli
     dual, docs, win = corpus_windows
     cut_inside = [i for i in range(len(win)) if win.char_span[i, 0] > 0 and docs[win.doc_index[i]][win.char_span[i, 0] - 1] != " "]
     assert len(cut_inside) >= 3
-    monkeypatch.setattr(T, "PIECE_MEMO_SIZE", 40)
+    monkeypatch.setattr("xdbert.data.tokenization.dual.PIECE_MEMO_SIZE", 40)
     other = make_dual(bert_ref, clip_ref, clip_fast, max_len=24, n_blocks=1)
     other.bert_memo = other.continuation = None  # the path for tokenizers that are not BERT's
     again = other.encode(docs, clean=False)
@@ -243,7 +252,7 @@ def hand_vocab_tokenizer(tmp_path_factory):
     from transformers import BertTokenizer
 
     words = ["the", "kids", "were", "play", "##ing", "in", "cafe", "near", "zur", "##ich", "."]
-    vocab = {t: i for i, t in enumerate(T.BERT_SPECIALS + words)}
+    vocab = {t: i for i, t in enumerate(BERT_SPECIALS + words)}
     folder = tmp_path_factory.mktemp("hand") / "tok"
     BertTokenizer(vocab=vocab, do_lower_case=True).save_pretrained(str(folder))
     from transformers import AutoTokenizer
@@ -257,7 +266,7 @@ def test_alignment_on_a_hand_checked_sentence(hand_vocab_tokenizer, clip_ref, cl
     win = dual.encode([text])
     tokens = hand_vocab_tokenizer.convert_ids_to_tokens(win.bert_ids[0, :win.bert_len[0]].tolist())
     assert tokens == ["[CLS]", "the", "kids", "were", "play", "##ing", "in", "the", "cafe", "near", "zur", "##ich", ".", "[SEP]"]
-    clip = [clip_ref.decoder[i] for i in T.clip_content(win.clip_ids[0], clip_ref.eot_token_id)]
+    clip = [clip_ref.decoder[i] for i in clip_content(win.clip_ids[0], clip_ref.eot_token_id)]
     assert clip == ["the</w>", "kids</w>", "were</w>", "playing</w>", "in</w>", "the</w>", "cafÃ©</w>", "near</w>",
                     "z", "Ã¼", "rich</w>", ".</w>"]  # CLIP's byte-level pieces: café, z ü rich
     ranges = list(zip(win.align_start[0].tolist(), win.align_end[0].tolist()))[:win.bert_len[0]]
@@ -290,23 +299,23 @@ def test_aligned_clip_tokens_spell_the_bert_token(corpus_windows, bert_ref, clip
 
 
 def test_block_layout_and_mask():
-    layout = T.Layout(max_len=16, n_blocks=3, cls_id=2, sep_id=3, pad_id=0, sot_id=49406, eot_id=49407, bert_vocab_size=100)
+    layout = Layout(max_len=16, n_blocks=3, cls_id=2, sep_id=3, pad_id=0, sot_id=49406, eot_id=49407, bert_vocab_size=100)
     content = list(range(1, 80)) + [0]  # 80 tokens, the last one id 0 = "!"
-    row, kept = T.clip_blocks(content, layout)
+    row, kept = clip_blocks(content, layout)
     assert kept == 80 and row.dtype == np.uint16 and row.shape == (231,)
     assert row[0] == 49406 and row[1:76].tolist() == content[:75] and row[76] == 49407
     assert row[77] == 49406 and row[78:83].tolist() == content[75:] and row[83] == 49407
     assert (row[84:] == 0).all()
-    mask = T.clip_attention_mask(row, 49407)
+    mask = clip_attention_mask(row, 49407)
     assert mask.shape == (3, 77)
     assert mask[0].all() and mask[1, :7].all() and not mask[1, 7:].any() and not mask[2].any()
-    assert T.clip_content(row, 49407) == content
+    assert clip_content(row, 49407) == content
     from xdbert.clip import clip_block_mask
     import torch
 
     torch_mask = clip_block_mask(torch.as_tensor(row.astype(np.int64)).reshape(3, 77), 49407)
     assert np.array_equal(torch_mask.numpy(), mask)
-    full, kept = T.clip_blocks(list(range(300)), layout)
+    full, kept = clip_blocks(list(range(300)), layout)
     assert kept == 225 and full[76] == full[153] == full[230] == 49407
 
 
@@ -315,21 +324,21 @@ def test_overflow_is_counted_and_cut_tokens_are_unaligned(bert_ref, clip_ref, cl
     text = "In 1891 the café sold 1,234.5 litres; in 1923 it sold 2,345.6 litres, and 3,456.7 in 1955 " * 3
     win = dual.encode([text])
     assert win.overflow[0] and win.clip_tokens[0] > 75 and win.bert_len[0] == 128
-    ref = clip_ref.encode(window_text([T.clean_text(text)], win, 0))
-    assert T.clip_content(win.clip_ids[0], clip_ref.eot_token_id) == ref[:75]
+    ref = clip_ref.encode(window_text([clean_text(text)], win, 0))
+    assert clip_content(win.clip_ids[0], clip_ref.eot_token_id) == ref[:75]
     k = win.bert_len[0]
     start = win.align_start[0, 1:k - 1]
     assert (start[:5] > 0).all() and (start[-5:] == -1).all()
-    assert T.alignment_problem(win.align_start[0], win.align_end[0], k, True, dual.layout) is None
-    assert T.alignment_problem(win.align_start[0], win.align_end[0], k, False, dual.layout) is not None
+    assert alignment_problem(win.align_start[0], win.align_end[0], k, True, dual.layout) is None
+    assert alignment_problem(win.align_start[0], win.align_end[0], k, False, dual.layout) is not None
 
 
 def test_pool_gives_the_same_windows_as_one_process(bert_ref, clip_ref, clip_fast, monkeypatch):
-    monkeypatch.setattr(T, "CHUNK_CHARS", 300)  # several chunks for two workers
+    monkeypatch.setattr("xdbert.data.tokenization.pool.CHUNK_CHARS", 300)  # several chunks for two workers
     dual = make_dual(bert_ref, clip_ref, clip_fast)
     docs = REAL_TEXT * 2
-    one = T.concat_windows(list(T.tokenize_docs(docs, dual.bert.to_str(), dual.clip.to_str(), dual.layout, workers=1)))
-    two = T.concat_windows(list(T.tokenize_docs(docs, dual.bert.to_str(), dual.clip.to_str(), dual.layout, workers=2)))
+    one = concat_windows(list(tokenize_docs(docs, dual.bert.to_str(), dual.clip.to_str(), dual.layout, workers=1)))
+    two = concat_windows(list(tokenize_docs(docs, dual.bert.to_str(), dual.clip.to_str(), dual.layout, workers=2)))
     for k in ("bert_ids", "clip_ids", "align_start", "align_end", "doc_index", "char_span"):
         assert np.array_equal(getattr(one, k), getattr(two, k)), k
     assert sorted(set(one.doc_index.tolist())) == list(range(len(docs)))
@@ -342,41 +351,41 @@ def test_trained_vocabulary_is_a_bert_folder(bert_dir, bert_ref):
     from transformers import BertTokenizerFast
 
     tok = BertTokenizerFast.from_pretrained(str(bert_dir))
-    assert tok.convert_ids_to_tokens([0, 1, 2, 3, 4]) == T.BERT_SPECIALS
+    assert tok.convert_ids_to_tokens([0, 1, 2, 3, 4]) == BERT_SPECIALS
     text = cleaned_corpus()[0]
     assert tok(text)["input_ids"] == bert_ref(text)["input_ids"]
     assert bert_ref.tokenize("Café NAÏVE")[:1] == bert_ref.tokenize("cafe naive")[:1]  # uncased, accents stripped
-    again = T.train_wordpiece(cleaned_corpus() * 3, 300, 512)
-    assert T.vocab_hash(again.get_vocab()) == T.vocab_hash(bert_ref.get_vocab())  # deterministic
+    again = train_wordpiece(cleaned_corpus() * 3, 300, 512)
+    assert vocab_hash(again.get_vocab()) == vocab_hash(bert_ref.get_vocab())  # deterministic
 
 
 def test_hub_loader_reads_a_folder_in_the_hub_format(bert_dir, tmp_path):
     folder = tmp_path / "org-model"
     shutil.copytree(bert_dir, folder)
-    tok = T.load_encoder_tokenizer(str(folder))
+    tok = load_encoder_tokenizer(str(folder))
     assert tok.cls_token_id == 2 and tok.backend_tokenizer is not None
-    assert T.encoder_positions(str(folder), None, tok) == 512  # no config.json: the tokenizer's limit
+    assert encoder_positions(str(folder), None, tok) == 512  # no config.json: the tokenizer's limit
 
 
 def test_offline_hub_request_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(PipelineError, match="cannot reach the hub"):
-        T.load_encoder_tokenizer("xdbert-tests/no-such-model")
+        load_encoder_tokenizer("xdbert-tests/no-such-model")
 
 
 def test_settings_are_checked():
-    good = dict(vocab_size=100, max_len=32, n_blocks=2, shard_windows=8, max_overflow=0.01, validate_windows=4, workers=1)
-    assert T.Settings.from_params(good).max_len == 32
+    good = values("embedded")["tokenize"]
+    assert Settings.from_params(good).max_len == good["max_len"]
     for key, value, msg in [("max_len", 4, "tokenize.max_len"), ("n_blocks", 0, "tokenize.n_blocks"),
                             ("n_blocks", 1000, "tokenize.n_blocks"), ("max_overflow", 2, "tokenize.max_overflow"),
                             ("workers", 0, "tokenize.workers"), ("validate_windows", -1, "tokenize.validate_windows")]:
         with pytest.raises(PipelineError, match=re.escape(msg)):
-            T.Settings.from_params({**good, key: value})
+            Settings.from_params({**good, key: value})
     with pytest.raises(PipelineError, match="above the 128 positions"):
-        T.check_max_len(T.Settings.from_params({**good, "max_len": 256}), T.encoder_positions("random:bert", {"max_position_embeddings": 128}), "random:bert")
-    assert T.encoder_positions("random:bert", None) == 512
+        check_max_len(Settings.from_params({**good, "max_len": 256}), encoder_positions("random:bert", {"max_position_embeddings": 128}), "random:bert")
+    assert encoder_positions("random:bert", None) == 512
     with pytest.raises(PipelineError, match="unknown model type"):
-        T.encoder_positions("random:nosuchmodel", None)
+        encoder_positions("random:nosuchmodel", None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,11 +401,13 @@ def load_stage():
     return module
 
 
-PARAMS = {
-    "profile": "embedded",
-    "model": {"encoder": "random:bert", "encoder_config": {"max_position_embeddings": 64}, "clip": CLIP, "clip_pretrained": ""},
-    "tokenize": {"vocab_size": 400, "max_len": 32, "n_blocks": 1, "shard_windows": 16, "max_overflow": 0.01,
-                 "validate_windows": 8, "workers": 2},
+EMBEDDED = values("embedded")
+PARAMS = {  # the embedded profile with what these tests rely on
+    **EMBEDDED,
+    "model": {**EMBEDDED["model"], "encoder": "random:bert", "clip": CLIP,
+              "encoder_config": {**EMBEDDED["model"]["encoder_config"], "max_position_embeddings": 64}},
+    "tokenize": {**EMBEDDED["tokenize"], "vocab_size": 400, "max_len": 32, "n_blocks": 1, "shard_windows": 16,
+                 "max_overflow": 0.01, "validate_windows": 8, "workers": 2},
 }
 
 
@@ -429,17 +440,17 @@ def run_stage(root: Path, monkeypatch) -> tuple[int, str, str]:
 def test_stage_writes_shards_manifest_and_tokenizer(tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from xdbert.shards import open_shards, read_manifest
+    from xdbert.data.shards import open_shards, read_manifest
 
     root = write_workdir(tmp_path, PARAMS)
     code, out, err = run_stage(root, monkeypatch)
     assert code == 0, err
-    assert out.count("\n") == 1 and out.startswith("tokenize: ") and "MB/s" in out
+    assert out.count("\n") == 1 and out.startswith("dual_tokenize: ") and "MB/s" in out
     m = read_manifest(root / "data" / "shards")
     assert m["max_len"] == 32 and m["n_blocks"] == 1
     assert m["bert_tokenizer"]["name"] == "random:bert" and m["bert_tokenizer"]["path"] == "models/tokenizer"
     tok = AutoTokenizer.from_pretrained(str(root / "models" / "tokenizer"))
-    assert m["bert_tokenizer"]["vocab_sha256"] == T.vocab_hash(tok.get_vocab()) and m["bert_tokenizer"]["vocab_size"] == len(tok)
+    assert m["bert_tokenizer"]["vocab_sha256"] == vocab_hash(tok.get_vocab()) and m["bert_tokenizer"]["vocab_size"] == len(tok)
     assert m["clip_tokenizer"]["model"] == CLIP and len(m["clip_tokenizer"]["vocab_sha256"]) == 64
     train = open_shards(root / "data" / "shards", "train", verify=True)
     assert len(train) == m["splits"]["train"]["windows"] > 16
@@ -448,14 +459,14 @@ def test_stage_writes_shards_manifest_and_tokenizer(tmp_path, monkeypatch):
     row = train[0]
     assert row["bert_ids"][0] == tok.cls_token_id and row["bert_ids"].dtype == np.uint16 and row["clip_ids"].shape == (77,)
     assert not list(root.glob("data/.shards.*")) and not list(root.glob("models/.tokenizer.*"))  # no temp dirs left
-    from xdbert.shards import check_matches
+    from xdbert.data.shards import check_matches
 
     check_matches(m, root / "models" / "tokenizer", CLIP)  # what the adapt stage checks before training
 
 
 def test_stage_with_a_pretrained_tokenizer_folder(tmp_path, monkeypatch, bert_dir):
     """The hub path of the stage, pointed at a local folder in the hub's format."""
-    from xdbert.shards import check_matches, open_shards, read_manifest
+    from xdbert.data.shards import check_matches, open_shards, read_manifest
 
     folder = tmp_path / "hub-bert"
     shutil.copytree(bert_dir, folder)
@@ -473,7 +484,7 @@ def test_stage_with_a_pretrained_tokenizer_folder(tmp_path, monkeypatch, bert_di
 
 def _other_tokenizer(tmp_path: Path) -> Path:
     folder = tmp_path / "other"
-    T.train_wordpiece(["completely different words here"] * 5, 60, 64).save_pretrained(str(folder))
+    train_wordpiece(["completely different words here"] * 5, 60, 64).save_pretrained(str(folder))
     return folder
 
 

@@ -32,7 +32,11 @@ Loader.add_implicit_resolver(
 
 
 def read_yaml(path: Path) -> Any:
-    return yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)
+    return read_yaml_text(path.read_text(encoding="utf-8"))
+
+
+def read_yaml_text(text: str) -> Any:
+    return yaml.load(text, Loader=Loader)
 
 
 def load(path: str | Path = "params.yaml") -> dict:
@@ -49,7 +53,7 @@ def load(path: str | Path = "params.yaml") -> dict:
 
 def section(params: dict, name: str) -> dict:
     if not isinstance(params.get(name), dict):
-        raise PipelineError(f"params.yaml has no section `{name}`; compare with xdbert/profiles/embedded.yaml")
+        raise PipelineError(f"params.yaml has no section `{name}`; compare with xdbert/profiles/embedded.yaml (the defaults)")
     return params[name]
 
 
@@ -97,3 +101,16 @@ def fraction(value: Any, key: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
         raise PipelineError(f"`{key}` must be a number between 0 and 1; got {value!r}")
     return float(value)
+
+
+def nonempty_str(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise PipelineError(f"`{key}` must be a non-empty string; got {value!r}")
+    return value
+
+
+def non_negative(value: Any, key: str) -> int:
+    """A non-negative integer, such as a seed (0 allowed, unlike `positive`)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PipelineError(f"`{key}` must be a non-negative integer; got {value!r}")
+    return value

@@ -38,6 +38,7 @@ PWCCA_METRICS = Path("results/pwcca.json")
 # stage `grounding`
 CAPTIONS = Path("data/captions")
 GROUNDING_METRICS = Path("results/grounding.json")
+FIGURE4 = Path("reports/figure4.png")     # beside report("figure4")
 # stage `attention`
 ATTENTION = Path("reports/attention")
 ATTENTION_METRICS = Path("results/attention.json")

@@ -1,7 +1,8 @@
-"""Analyses of the paper beyond the result tables: PWCCA of word embeddings (Table 2), the visually
+"""5. Analyses of the paper beyond the result tables: PWCCA of word embeddings (Table 2), the visually
 grounded ratio of improved and worsened dev examples (Figure 4, Appendix D) and cross-attention maps
 (Table 9) with a per-head alignment score (in the spirit of "What does BERT with vision look at?").
 
-The modules here are numpy/matplotlib code without any knowledge of the pipeline's files; the stages
-`stages/pwcca.py`, `stages/grounding.py` and `stages/attention.py` read the inputs and call them.
+Each module holds its params section's settings (`PwccaSettings`, `GroundingSettings`,
+`AttentionSettings`), the computation and its report; `figure4` draws and writes Figure 4. The stages
+`stages/pwcca.py`, `stages/grounding.py` and `stages/attention.py` load the inputs and call them.
 """

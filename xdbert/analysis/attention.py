@@ -31,8 +31,64 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import pyarrow as pa
+
+from xdbert import params as P
+from xdbert.data.tasks.registry import get_task
+from xdbert.errors import PipelineError
+from xdbert.paths import crossmodal
 
 CLIP_SPECIAL_LABELS = {"<start_of_text>": "<sot>", "<end_of_text>": "<eot>"}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The `attention` params
+# ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttentionSettings:
+    """The `attention` params section, checked, with every variant's cross-modal model present."""
+
+    variants: tuple[str, ...]
+    task: str
+    index: int
+    max_len: int
+    clip_blocks_per_sentence: int
+    windows: int
+    batch_size: int
+
+    @classmethod
+    def from_params(cls, params: dict) -> "AttentionSettings":
+        sec = P.section(params, "attention")
+
+        def get(key: str):
+            return P.get(sec, key, "attention")
+
+        variants = get("variants")
+        if not isinstance(variants, list) or not variants or len(set(variants)) != len(variants):
+            raise PipelineError(f"`attention.variants` must be a non-empty list of adapt variants without repeats; got {variants!r}")
+        for v in variants:
+            if not (crossmodal(str(v)) / "xdbert_config.json").is_file():
+                raise PipelineError(f"missing {crossmodal(str(v))}: run its adapt stage first (`dvc repro adapt@{v}`), or "
+                                    f"remove `{v}` from `attention.variants`")
+        task = get("task")
+        if get_task(task).kind == "multiple_choice":
+            raise PipelineError("`attention.task` must be a sentence or sentence-pair task, not multiple choice (e.g. rte)")
+        index = sec.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise PipelineError(f"`attention.index` must be the integer idx of a dev example; got {index!r}")
+        sizes = {key: P.positive(get(key), f"attention.{key}")
+                 for key in ("max_len", "clip_blocks_per_sentence", "windows", "batch_size")}
+        return cls(tuple(variants), task, index, **sizes)
+
+
+def dev_example(table: pa.Table, index: int, task: str, split: str) -> pa.Table:
+    """The one row of a dev split whose idx is `index`."""
+    ids = table.column("idx").to_numpy()
+    where = np.flatnonzero(ids == index)
+    if where.size == 0:
+        raise PipelineError(f"`attention.index: {index}` is no idx of {task} {split} (idx runs {ids.min()}..{ids.max()})")
+    return table.slice(int(where[0]), 1)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -259,3 +315,35 @@ def example_heatmaps(attentions: Sequence[np.ndarray], key_mask: np.ndarray, row
             plot_heatmap(matrix, row_labels, col_labels, f"{prefix}: cross layer {layer}, {what}", Path(out_dir) / name)
             out.append((layer, kind, name))
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# The report (paper Table 9 and the alignment tables)
+# ----------------------------------------------------------------------------------------------------
+
+def table9_markdown(head: str, task: str, index: int, results: dict, pictures: dict) -> str:
+    """reports/attention.md: `head`, the heatmaps of every variant side by side, then the alignment tables."""
+    variants = list(results)
+    md = [head,
+          f"## Maps: {task.upper()} dev example idx {index}", "",
+          "Rows: language tokens (queries of the cross layers' language stream); columns: CLIP-T tokens (keys), padding "
+          "left out. The paper shows head 0 of both layers for the model with and without CLIPTC.", "",
+          "| " + " | ".join(f"`{v}`" for v in variants) + " |", "|---" * len(variants) + "|"]
+    for i in range(len(pictures[variants[0]])):
+        cells = []
+        for v in variants:
+            layer, head_kind, name = pictures[v][i]
+            what = "head 0" if head_kind == "head0" else "mean over heads"
+            cells.append(f"layer {layer}, {what}<br>![{v} layer {layer} {what}](attention/{name})")
+        md.append("| " + " | ".join(cells) + " |")
+    md += ["", "## Alignment accuracy per layer and head", "",
+           "Each head is read as a pointer (Li et al., 2020, seed 002): a language token is counted right when its "
+           "most-attended CLIP token covers the same characters of the text (`align_start`/`align_end` in the shards). "
+           "Counted: real, non-special BERT tokens with a non-empty aligned CLIP range; argmax over valid CLIP positions "
+           "(start/end tokens included, padding never). Cells: accuracy % (mean attention mass % inside the aligned "
+           "range). Baselines: *chance* = expected accuracy of an argmax drawn uniformly among the valid CLIP positions; "
+           "*diagonal* = always pointing at the same relative position (rank r of L BERT tokens -> rank "
+           "floor((r + 0.5) C / L) of C CLIP tokens).", ""]
+    for v in variants:
+        md += [markdown_table(results[v], f"`{v}`"), ""]
+    return "\n".join(md) + "\n"

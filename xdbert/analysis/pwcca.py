@@ -23,14 +23,80 @@ Written for this project in the manner of google/svcca's `cca_core.py` (that cod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from xdbert import params as P
 from xdbert.errors import PipelineError
+from xdbert.paths import PRETRAIN_CLIP
 
 WEIGHT_VIEWS = ("x", "y", "smaller")
 DEFAULT_MIN_RATIO = 5.0
+# Table 2's systems: the language encoder before adaptation, a second encoder, CLIP-T, uniform noise
+SYSTEMS = ("encoder", "electra", "clip", "random")
+# Table 2 of the paper (BERT-base, ELECTRA-base, CLIP ViT-B/32)
+PAPER = {("encoder", "electra"): 0.5498, ("encoder", "clip"): 0.4980, ("electra", "clip"): 0.4645,
+         ("encoder", "random"): 0.3569}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The `pwcca` params
+# ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PwccaSettings:
+    """The `pwcca` params section, checked.
+
+    `electra` is read only when a pair uses it; `eps` is kept as written (it is reported as given);
+    `clip_tower` empty means the tower the adaptation starts from (`models/pretrain_clip`).
+    """
+
+    pairs: tuple[tuple[str, str], ...]
+    electra: str | None
+    eps: Any
+    weight_by: str
+    min_words_ratio: float
+    seed: int
+    clip_tower: str
+
+    @classmethod
+    def from_params(cls, params: dict) -> "PwccaSettings":
+        sec = P.section(params, "pwcca")
+
+        def get(key: str):
+            return P.get(sec, key, "pwcca")
+
+        pairs = get("pairs")
+        if not isinstance(pairs, list) or not pairs:
+            raise PipelineError(f"`pwcca.pairs` must be a non-empty list of [a, b] pairs of {', '.join(SYSTEMS)}; got {pairs!r}")
+        for pair in pairs:
+            if not isinstance(pair, list) or len(pair) != 2 or pair[0] == pair[1]:
+                raise PipelineError(f"entry {pair!r} of `pwcca.pairs` must be two different systems, e.g. [encoder, clip]")
+            P.subset(pair, "pwcca.pairs entry", SYSTEMS)
+        electra = None
+        if any("electra" in pair for pair in pairs):
+            electra = get("electra")
+            if not electra:
+                raise PipelineError("`pwcca.pairs` uses `electra` but `pwcca.electra` is empty: give an ELECTRA hub id or folder "
+                                    "(google/electra-base-discriminator) or drop those pairs")
+        eps = sec.get("eps")
+        if not isinstance(eps, (int, float)) or eps < 0:
+            raise PipelineError(f"`pwcca.eps` must be a number >= 0; got {eps!r}")
+        weight_by = P.choice(get("weight_by"), "pwcca.weight_by", WEIGHT_VIEWS)
+        min_words_ratio = P.positive(get("min_words_ratio"), "pwcca.min_words_ratio", float)
+        seed = P.non_negative(get("seed"), "pwcca.seed")
+        clip_tower = get("clip_tower")
+        if clip_tower and not (Path(clip_tower) / "clip_config.json").is_file():
+            raise PipelineError(f"`pwcca.clip_tower: {clip_tower}` is not a saved CLIP tower folder (no clip_config.json); "
+                                f"leave it empty for the tower the adaptation starts from ({PRETRAIN_CLIP})")
+        return cls(tuple(tuple(pair) for pair in pairs), electra, eps, weight_by, min_words_ratio, seed, clip_tower)
+
+    @property
+    def systems(self) -> set[str]:
+        """The systems the pairs compare."""
+        return {name for pair in self.pairs for name in pair}
 
 
 @dataclass
@@ -239,3 +305,45 @@ def pairwise(views: Mapping[str, np.ndarray], pairs: Iterable[tuple[str, str]], 
                 raise PipelineError(f"unknown PWCCA system {name!r}; available: {', '.join(views)}")
         out[(a, b)] = pwcca(views[a], views[b], eps=eps, weight_by=weight_by, min_ratio=min_ratio)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Table 2
+# ----------------------------------------------------------------------------------------------------
+
+def system_names(encoder: str, electra: str | None, clip: str) -> dict[str, str]:
+    """How Table 2 names each system."""
+    return {"encoder": f"language encoder `{encoder}`", "electra": f"ELECTRA `{electra}`", "clip": f"CLIP-T `{clip}`",
+            "random": "uniform noise"}
+
+
+def table2_rows(results: Mapping[tuple[str, str], PWCCAResult], views: Mapping[str, np.ndarray], n_shared: int,
+                paper: bool) -> list[dict]:
+    """One record per compared pair (results/pwcca.json); `paper`: with the paper's value beside it."""
+    rows = []
+    for (a, b), r in results.items():
+        rows.append({"a": a, "b": b, "pwcca": round(r.value, 6), "shared_words": n_shared,
+                     "widths": [int(views[a].shape[1]), int(views[b].shape[1])], "weighted_by": r.weighted_by,
+                     "mean_cca": round(float(np.mean(r.rho)), 6), "paper": PAPER.get((a, b), PAPER.get((b, a))) if paper else None})
+    return rows
+
+
+def table2_markdown(head: str, rows: list[dict], names: Mapping[str, str], used: set[str], n_shared: int,
+                    settings: PwccaSettings, paper: bool) -> str:
+    """reports/table2.md: `head` (the report header), then the table of `rows` and what it compares."""
+    s = settings
+    md = [head,
+          f"Embedding rows of the ORIGINAL (pre-adaptation) models over **{n_shared} shared words**: whole lowercase "
+          f"words present in every compared vocabulary (WordPiece `word`, CLIP BPE `word</w>`). RANDOM is U[-1, 1) "
+          f"noise of the encoder's shape (seed {s.seed}). PWCCA: projection-weighted mean of the canonical "
+          f"correlations (Morcos et al., 2018), weights from the {s.weight_by} view, covariance ridge eps={s.eps}.",
+          "", "The RANDOM row is the level two unrelated matrices reach with this many words and these widths (CCA "
+          "fits noise with few words per dimension); compare the other rows with it, not with 0.",
+          "", "| systems | PWCCA | mean CCA | shared words | widths |" + (" paper |" if paper else ""),
+          "|---|---|---|---|---|" + ("---|" if paper else "")]
+    for r in rows:
+        label = f"{r['a'].upper()}/{r['b'].upper()}".replace("ENCODER", "L")
+        line = f"| {label} | {r['pwcca']:.4f} | {r['mean_cca']:.4f} | {r['shared_words']} | {r['widths'][0]} / {r['widths'][1]} |"
+        md.append(line + (f" {r['paper'] if r['paper'] is not None else '-'} |" if paper else ""))
+    md += ["", "Systems: " + "; ".join(f"{k.upper().replace('ENCODER', 'L')} = {names[k]}" for k in SYSTEMS if k in used) + "."]
+    return "\n".join(md) + "\n"

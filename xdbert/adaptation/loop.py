@@ -1,0 +1,216 @@
+"""The adaptation loop: train the cross-modal ensemble on token windows with MLM, MATCH and CLIPTC.
+
+One optimizer step sees `batch_size` windows (the paper: 256), split into micro-batches whose gradients
+are accumulated. `accelerate` places the model, runs bf16 autocast on a GPU and, under
+`accelerate launch`, splits every step's micro-batches across the GPUs of the machine.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from xdbert import training
+from xdbert.adaptation import masking
+from xdbert.adaptation.settings import AdaptSettings
+from xdbert.model import LOSSES
+
+MAX_GRAD_NORM = 1.0  # gradient clipping, as BERT's pretraining
+
+
+class BatchMaker:
+    """Turns shard rows into a training batch: MLM masking, MATCH negatives and CLIPTC targets."""
+
+    def __init__(self, settings: AdaptSettings, n_blocks: int, **token_ids):
+        # token_ids: vocab_size, special_ids, mask_id, eot_id (see masking.adaptation_inputs)
+        self.s, self.n_blocks, self.token_ids = settings, n_blocks, token_ids
+
+    def __call__(self, rows: dict[str, np.ndarray], gen: torch.Generator) -> dict[str, torch.Tensor]:
+        batch = {
+            "bert_ids": torch.from_numpy(rows["bert_ids"].astype(np.int64)),
+            "bert_mask": torch.from_numpy(rows["bert_mask"].astype(np.int64)),
+            "clip_ids": torch.from_numpy(rows["clip_ids"].astype(np.int64)).view(-1, self.n_blocks, 77),
+        }
+        return masking.adaptation_inputs(batch, self.s.losses, gen, mlm_prob=self.s.mlm_prob,
+                                         match_prob=self.s.match_prob, cliptc_prob=self.s.cliptc_prob,
+                                         mlm_negatives=self.s.mlm_negatives, **self.token_ids)
+
+
+def weighted_loss(out: dict, weights: dict | None) -> torch.Tensor:
+    """The trained loss: the model's objectives summed, each times its weight (1 when not given)."""
+    if not weights:
+        return out["loss"]
+    return sum(float(weights.get(name, 1.0)) * out[f"{name}_loss"] for name in LOSSES
+               if f"{name}_loss" in out)
+
+
+def _sum_counts(out: dict, totals: dict) -> None:
+    """Add a forward pass's per-objective counts to `totals` (losses weighted by their target counts)."""
+    for name in LOSSES:
+        if f"{name}_count" in out:
+            n = float(out[f"{name}_count"])
+            totals[f"{name}_count"] = totals.get(f"{name}_count", 0.0) + n
+            totals[f"{name}_correct"] = totals.get(f"{name}_correct", 0.0) + float(out[f"{name}_correct"])
+            totals[f"{name}_loss_sum"] = totals.get(f"{name}_loss_sum", 0.0) + float(out[f"{name}_loss"].detach()) * n
+
+
+def model_identity(model: torch.nn.Module) -> tuple[list, str]:
+    """Names and shapes of the model's tensors and a sha256 of their values (call it before training).
+
+    Part of the checkpoint fingerprint: the checkpoint lives outside DVC's outputs, so after a killed run
+    a change of `model.seed`, the encoder or its size must start afresh instead of resuming (or failing
+    to load with a size-mismatch traceback).
+    """
+    h = hashlib.sha256()
+    shapes = []
+    for name, t in model.state_dict().items():
+        shapes.append([name, list(t.shape)])
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+    return shapes, h.hexdigest()
+
+
+def summarize(totals: dict) -> dict:
+    """Mean losses, accuracies and MLM perplexity from summed counts."""
+    m = {}
+    for name in LOSSES:
+        n = totals.get(f"{name}_count", 0)
+        if n:
+            m[f"{name}_loss"] = totals[f"{name}_loss_sum"] / n
+            m[f"{name}_accuracy"] = totals[f"{name}_correct"] / n
+    if "mlm_loss" in m:
+        m["mlm_perplexity"] = math.exp(min(m["mlm_loss"], 50.0))
+    return m
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, valid, make_batch: BatchMaker, settings: AdaptSettings, device) -> dict:
+    """Losses and accuracies on `eval_windows` valid windows, a fixed random sample, with a fixed masking seed.
+
+    The sample is shuffled like a training epoch: consecutive windows are cut from the same document, so
+    micro-batches of them would draw most MATCH negatives from the window's own article, a harder task
+    than the one trained (whose batches are random) and a different one on every corpus.
+    """
+    model.eval()
+    n = min(len(valid), settings.eval_windows)
+    sample = training.epoch_order(len(valid), settings.seed, -1)[:n]
+    totals: dict = {}
+    positives = 0
+    for i, start in enumerate(range(0, n, settings.micro_batch_size)):
+        rows = valid[np.sort(sample[start:start + settings.micro_batch_size])]
+        batch = make_batch(rows, training.generator(settings.seed, -1, i))
+        out = model(**{k: v.to(device) for k, v in batch.items()})
+        _sum_counts(out, totals)
+        if "match_labels" in batch:
+            positives += int(batch["match_labels"].sum())
+    model.train()
+    metrics = summarize(totals)
+    if totals.get("match_count"):
+        # What a model that learned nothing scores on these windows: the negatives are drawn at random,
+        # so the two classes are only about even.
+        share = positives / totals["match_count"]
+        metrics["match_majority"] = max(share, 1 - share)
+    return metrics
+
+
+def adapt(
+    model: torch.nn.Module,
+    train,
+    valid,
+    make_batch: BatchMaker,
+    settings: AdaptSettings,
+    checkpoint: Path,
+    log: Callable[[dict, int], None] | None = None,
+    stop_after: int | None = None,
+) -> dict:
+    """Train `model` for `settings.epochs` over `train`; resume from `checkpoint` when it matches.
+
+    Returns the metrics: final training losses (mean over the last 10% of steps) and the valid metrics.
+    `stop_after` ends the run early after that many optimizer steps (tests use it to simulate a kill).
+    """
+    s = settings
+    accelerator = Accelerator(mixed_precision=training.mixed_precision(s.precision), cpu=not torch.cuda.is_available())
+    steps_per_epoch = math.ceil(len(train) / s.batch_size)
+    total = steps_per_epoch * s.epochs
+    optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total)
+    data_hash = (getattr(train, "manifest", None) or {}).get("content_sha256")
+    print_fp = training.fingerprint(asdict(s), len(train), data_hash, *model_identity(model))
+    # The schedule is not prepared: accelerate would step it once per process at every optimizer step,
+    # but here every step already covers the whole `batch_size` across all processes.
+    model, optimizer = accelerator.prepare(model, optimizer)
+    world, rank = accelerator.num_processes, accelerator.process_index
+    # Compiling fuses the step's many small kernels: one wiki103 epoch on an H100 took 11.0 min eagerly
+    # and 8.3 compiled, at 64 windows a step (bench/results/h100). Only the training steps go through
+    # the compiled wrapper; checkpoints, evaluation and saving use the module itself.
+    forward = torch.compile(model) if s.compile else model
+
+    state = training.load_checkpoint(checkpoint, print_fp)
+    start, history = 0, []
+    if state is not None:
+        accelerator.unwrap_model(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        start, history = state["step"], state["history"]
+        accelerator.print(f"resuming from {checkpoint} at step {start}/{total}")
+
+    model.train()
+    bar = tqdm(range(start, total), initial=start, total=total, desc="adapt", disable=not accelerator.is_main_process)
+    t0 = time.time()
+    for step in bar:
+        epoch, k = divmod(step, steps_per_epoch)
+        order = training.epoch_order(len(train), s.seed, epoch)
+        ids = order[k * s.batch_size:(k + 1) * s.batch_size]
+        micro = [ids[i:i + s.micro_batch_size] for i in range(0, len(ids), s.micro_batch_size)]
+        torch.manual_seed(training.step_seed(s.seed, step))  # dropout
+        totals: dict = {}
+        mine = [(j, m) for j, m in enumerate(micro) if j % world == rank]
+        weight = world / len(ids)
+        if not mine:  # fewer micro-batches than processes: a zero-weight pass keeps DDP's gradient sync in step
+            mine, weight = [(len(micro) - 1, micro[-1])], 0.0
+        for n_done, (j, m) in enumerate(mine):
+            batch = make_batch(train[np.sort(m)], training.generator(s.seed, step, j))
+            batch = {key: v.to(accelerator.device) for key, v in batch.items()}
+            sync = n_done == len(mine) - 1
+            with accelerator.no_sync(model) if not sync else contextlib.nullcontext():
+                with accelerator.autocast():
+                    out = forward(**batch)
+                loss = weighted_loss(out, s.loss_weights) * (len(m) * weight)
+                training.check_finite(out["loss"].detach(), step, "adapt")
+                accelerator.backward(loss)
+            if weight:
+                _sum_counts(out, totals)
+        accelerator.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        metrics = summarize(totals)
+        history.append(metrics)
+        bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items() if k.endswith("_loss")})
+        if log is not None and accelerator.is_main_process:
+            log({**metrics, "lr": schedule.get_last_lr()[0]}, step)
+        done = step + 1
+        if accelerator.is_main_process and (done % s.checkpoint_every == 0 or done == total):
+            training.save_checkpoint(checkpoint, {
+                "model": accelerator.unwrap_model(model).state_dict(), "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict(), "step": done, "history": history,
+            }, print_fp)
+        if stop_after is not None and done >= stop_after:
+            break
+    accelerator.wait_for_everyone()
+
+    tail = history[-max(1, len(history) // 10):]
+    final = {f"train_{k}": float(np.mean([h[k] for h in tail if k in h])) for k in tail[-1]}
+    first = {f"first_{k}": v for k, v in history[0].items()} if history else {}
+    result = {**final, **first, "steps": len(history), "seconds": round(time.time() - t0, 1)}
+    result.update({f"valid_{k}": v for k, v in evaluate(accelerator.unwrap_model(model), valid, make_batch, s, accelerator.device).items()})
+    return result
+

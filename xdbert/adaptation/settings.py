@@ -1,0 +1,145 @@
+"""The `pretrain` and `adapt` sections, every value checked once, before anything heavy is imported.
+
+Each check raises `PipelineError` naming the full key and what is allowed. An adaptation variant's value
+is named by the key it came from: `adapt.variants.<name>.<key>` for an override, `adapt.<key>` otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from xdbert import params as P
+from xdbert.errors import PipelineError
+from xdbert.model import LOSSES
+
+
+@dataclass(frozen=True)
+class PretrainSettings:
+    """One pretraining stand-in's run (`xdbert.adaptation.pretraining`); `steps` is the stand-in's own."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    mlm_prob: float          # targets in the first sentence
+    restate_mask_prob: float  # targets in the restating second sentence
+    warmup_ratio: float
+    weight_decay: float
+    max_len: int
+    checkpoint_every: int
+    seed: int
+
+    @classmethod
+    def from_params(cls, params: dict) -> "PretrainSettings":
+        """The encoder's stand-in (stage `pretrain_encoder`): `pretrain.steps` of MLM on restated pairs."""
+        values = _values(P.section(params, "pretrain"), [f.name for f in fields(cls)])
+        for key in ("steps", "batch_size", "max_len", "checkpoint_every"):
+            P.positive(values[key], f"pretrain.{key}")
+        P.positive(values["lr"], "pretrain.lr", float)
+        for key in ("mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay"):
+            P.fraction(values[key], f"pretrain.{key}")
+        P.non_negative(values["seed"], "pretrain.seed")
+        return cls(**values)
+
+    @classmethod
+    def clip_from_params(cls, params: dict, clip_pretrained: str) -> "PretrainSettings | None":
+        """The CLIP tower's stand-in (stage `pretrain_clip`): `pretrain.clip_steps` of next-token prediction,
+        or None when no tower is trained (pretrained weights, or `clip_steps: 0`). Only the values that
+        training reads are checked; the masking and length keys are the encoder stand-in's."""
+        s = P.section(params, "pretrain")
+        steps = P.get(s, "clip_steps", "pretrain")
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise PipelineError(f"`pretrain.clip_steps` must be an integer >= 0 (0 = keep a random CLIP tower random); got {steps!r}")
+        if clip_pretrained or steps == 0:
+            return None
+        values = _values(s, [f.name for f in fields(cls) if f.name != "steps"])
+        for key in ("batch_size", "checkpoint_every"):
+            P.positive(values[key], f"pretrain.{key}")
+        P.positive(values["lr"], "pretrain.lr", float)
+        for key in ("warmup_ratio", "weight_decay"):
+            P.fraction(values[key], f"pretrain.{key}")
+        P.non_negative(values["seed"], "pretrain.seed")
+        return cls(**values, steps=steps)
+
+
+NOT_SETTINGS = ("variants", "baseline")  # keys of the adapt section that name variants, not values
+
+
+@dataclass(frozen=True)
+class AdaptSettings:
+    """One adaptation variant: the `adapt` defaults with the variant's overrides applied."""
+
+    # The model it trains (`xdbert.model.build`)
+    losses: list
+    cross_layers: int         # 0 only for the MLM-only baseline
+    clip_heads: int           # heads of the CLIP stream in the cross layers
+    placeholder: bool         # a learned sequence in place of CLIP's features (control run)
+    freeze_clip: bool
+    init_range: float | None  # std of the new modules' init; None = the encoder's initializer_range
+    cliptc_vocab: str         # CLIPTC's classes: all CLIP ids (full) or those in the token shards (shards)
+    # The training loop (`xdbert.adaptation.loop`)
+    epochs: int
+    lr: float
+    warmup_ratio: float
+    weight_decay: float
+    batch_size: int           # windows per optimizer step
+    micro_batch_size: int     # windows per forward pass; gradients accumulate up to batch_size
+    mlm_prob: float
+    match_prob: float
+    cliptc_prob: float
+    mlm_negatives: bool       # MLM targets also in MATCH negatives (LXMERT)
+    loss_weights: dict | None  # loss name -> weight in the trained sum; None or an absent name = 1 (the paper)
+    checkpoint_every: int
+    eval_windows: int
+    precision: str            # auto | bf16 | no
+    compile: bool             # torch.compile the model for the training steps
+    seed: int
+
+    @classmethod
+    def from_params(cls, params: dict, variant: str) -> "AdaptSettings":
+        """Variant `variant` (a key of `adapt.variants`, or `baseline`), every value checked."""
+        a = P.section(params, "adapt")
+        if variant == "baseline":
+            overrides = a.get("baseline") or {}
+        else:
+            variants = a.get("variants") or {}
+            P.choice(variant, "`adapt.variants` entry", [*variants, "baseline"])
+            overrides = variants[variant] or {}
+        where = f"adapt.variants.{variant}" if variant != "baseline" else "adapt.baseline"
+        if not isinstance(overrides, dict):
+            raise PipelineError(f"`{where}` must map adapt keys to the values this variant changes; got {overrides!r}")
+        unknown = set(overrides) - set(a)
+        if unknown:
+            raise PipelineError(f"adapt.variants.{variant} overrides unknown keys {sorted(unknown)}; allowed: {sorted(k for k in a if k not in NOT_SETTINGS)}")
+        s = {k: v for k, v in a.items() if k not in NOT_SETTINGS} | overrides
+
+        def key_of(key: str) -> str:  # name the key the value came from: the variant's override or the default
+            return f"{where}.{key}" if key in overrides else f"adapt.{key}"
+
+        missing = [f.name for f in fields(cls) if f.name not in s]
+        if missing:
+            raise PipelineError(f"missing param `adapt.{missing[0]}`")
+        P.subset(s["losses"], key_of("losses"), LOSSES)
+        P.positive(s["epochs"], key_of("epochs"))
+        P.positive(s["lr"], key_of("lr"), float)
+        for key in ("batch_size", "micro_batch_size", "checkpoint_every", "eval_windows", "clip_heads"):
+            P.positive(s[key], key_of(key))
+        if s["cross_layers"] < 0 or (s["cross_layers"] == 0 and s["losses"] != ["mlm"]):
+            raise PipelineError(f"`{key_of('cross_layers')}` must be >= 1 (0 only for the MLM-only baseline); got {s['cross_layers']}")
+        for key in ("warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob"):
+            P.fraction(s[key], key_of(key))
+        for key in ("placeholder", "freeze_clip", "mlm_negatives", "compile"):
+            P.flag(s[key], key_of(key))
+        P.choice(s["precision"], key_of("precision"), ("auto", "bf16", "no"))
+        P.choice(s["cliptc_vocab"], key_of("cliptc_vocab"), ("full", "shards"))
+        weights = s["loss_weights"]
+        if not isinstance(weights, dict) or set(weights) - set(LOSSES):
+            raise PipelineError(f"`{key_of('loss_weights')}` must map losses ({', '.join(LOSSES)}) to weights; got {weights!r}")
+        for name, w in weights.items():
+            P.positive(w, f"{key_of('loss_weights')}.{name}", float)
+        if s["init_range"] is not None:
+            P.positive(s["init_range"], key_of("init_range"), float)
+        P.non_negative(s["seed"], key_of("seed"))
+        return cls(**{f.name: s[f.name] for f in fields(cls)})
+
+
+def _values(section: dict, keys: list[str]) -> dict:
+    return {key: P.get(section, key, "pretrain") for key in keys}

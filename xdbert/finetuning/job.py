@@ -1,0 +1,139 @@
+"""A finetuning job: one model and one task, tokenized once, picklable for the worker pool.
+
+`prepare` reads the model's config (its width decides Table 5's learning rate) and tokenizes every
+split once with fast batched tokenizers; `build_model` gives each seed a fresh model with a new head.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from torch import nn
+
+from xdbert import io
+from xdbert.data.shards import sha256_file
+from xdbert.data.tasks.registry import TaskSpec
+from xdbert.errors import PipelineError
+from xdbert.finetuning import data as fd
+from xdbert.finetuning.heads import (ClipTowerClassifier, EncoderClassifier, FullModelClassifier, RowSubsetEmbedding,
+                                     encoder_head_class)
+from xdbert.finetuning.runs import MODEL_KINDS
+from xdbert.finetuning.settings import FinetuneSettings, Hyperparameters, size_of
+
+
+@dataclass
+class Job:
+    """Everything a worker needs for one (model, task): picklable, tokenized once."""
+
+    model_kind: str                      # encoder, clip or full (`finetuning.runs`)
+    model_path: str
+    spec: TaskSpec
+    hyperparameters: Hyperparameters
+    data: dict[str, fd.Encoded]          # "train" and every dev split
+    eot_id: int = 49407
+    width: int = 0
+    identity: str = ""                   # hash of the model's files and the tokenized data (`job_identity`)
+    checkpoint_dir: str = ""             # where finished seeds are kept until the results are written; "" = nowhere
+
+    @property
+    def dev_splits(self) -> tuple[str, ...]:
+        return self.spec.dev_splits
+
+
+def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: FinetuneSettings,
+            tokenizer_dir: str | Path | None = None, checkpoint_dir: str | Path = "") -> Job:
+    """Read the model's config and tokenize every split of `settings.task` once (fast batched tokenizers).
+
+    encoder: the tokenizer saved in the model folder. full: the BERT tokenizer in `tokenizer_dir`
+    (the cross-modal folder holds none) and CLIP blocks. clip: CLIP blocks only. The model's width
+    decides the learning rate (Table 5: base or large). Finished seeds are kept in `checkpoint_dir`
+    ("" = nowhere).
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    spec = settings.task
+    if model_kind not in MODEL_KINDS:
+        raise PipelineError(f"unknown model kind {model_kind!r}; allowed: {', '.join(MODEL_KINDS)}")
+    model_path = Path(model_path)
+    data: dict[str, fd.Encoded] = {}
+    if model_kind == "full" and tokenizer_dir is None:
+        raise PipelineError("the full cross-modal model keeps no tokenizer: pass tokenizer_dir (models/tokenizer)")
+    if model_kind in ("encoder", "full"):
+        tok_dir = model_path if model_kind == "encoder" else Path(tokenizer_dir)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        except (OSError, ValueError) as e:
+            raise PipelineError(f"cannot load a tokenizer from {tok_dir} ({e}); run the stage that writes it") from e
+        if not tokenizer.is_fast:
+            raise PipelineError(f"the tokenizer in {tok_dir} is not a fast (Rust) tokenizer; save one with tokenizer.json")
+        data = {split: fd.encode_bert(tokenizer, spec, t, settings.max_len) for split, t in tables.items()}
+
+    eot_id = 49407
+    # Model code is imported here, once: workers forked later inherit it instead of each paying seconds.
+    if model_kind == "encoder":
+        width = AutoConfig.from_pretrained(model_path).hidden_size
+        encoder_head_class(model_path, spec)
+    else:
+        from xdbert.model import saving  # open_clip and the cross-modal model
+
+        if model_kind == "full":
+            clip_name = io.read_json(model_path / "xdbert_config.json")["clip"]
+            width = AutoConfig.from_pretrained(model_path / "encoder").hidden_size
+        else:
+            import open_clip
+
+            from xdbert.clip import register_configs
+
+            clip_name = io.read_json(model_path / saving.CLIP_CONFIG_FILE)["clip"]
+            register_configs()
+            width = open_clip.get_model_config(clip_name)["text_cfg"]["width"]
+        to_blocks, eot_id = fd.clip_block_encoder(clip_name)
+        for split, t in tables.items():
+            blocks = fd.encode_clip(to_blocks, spec, t, settings.clip_blocks_per_sentence)  # uint16
+            if model_kind == "clip":
+                data[split] = fd.Encoded(idx=t.column("idx").to_numpy().astype(np.int64), labels=fd.labels_of(spec, t),
+                                         choices=blocks.shape[1], inputs={}, pad_ids={})
+            data[split].clip_ids = blocks
+    job = Job(model_kind, str(model_path), spec, settings.hyperparameters(size_of(width), model_kind), data, eot_id, width,
+              checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else "")
+    job.identity = job_identity(job)
+    return job
+
+
+def job_identity(job: Job) -> str:
+    """A hash of what a run's result depends on besides the hyperparameters and the seed: the model kind,
+    the task, every file of the model folder and the tokenized data. A saved seed is reused only if it matches."""
+    h = hashlib.sha256(f"{job.model_kind} {job.spec.name} {job.eot_id}\n".encode())
+    root = Path(job.model_path)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{path.relative_to(root)}:{sha256_file(path)}\n".encode())
+    for split in sorted(job.data):
+        d = job.data[split]
+        arrays = [d.idx, d.labels, *(a for name in sorted(d.inputs) for a in (d.inputs[name].flat, d.inputs[name].offsets))]
+        for a in arrays + ([] if d.clip_ids is None else [d.clip_ids]):
+            h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def clip_token_ids(job: Job) -> np.ndarray:
+    """Every CLIP id in the job's splits (padding, [SOT] and [EOT] included)."""
+    return np.unique(np.concatenate([np.unique(d.clip_ids) for d in job.data.values()]))
+
+
+def build_model(job: Job) -> nn.Module:
+    """The model of `job.model_kind` with a fresh task head (initialised from the current torch RNG)."""
+    if job.model_kind == "encoder":
+        return EncoderClassifier(job.model_path, job.spec)
+    from xdbert.model.saving import load_clip_tower, load_full
+
+    if job.model_kind == "full":
+        model = FullModelClassifier(load_full(job.model_path), job.spec, job.hyperparameters.dropout)
+        tower = model.xd.clip  # the CLIPTC decoder tied to its embedding was dropped with the heads
+    else:
+        tower, _ = load_clip_tower(job.model_path)
+        model = ClipTowerClassifier(tower, job.spec, job.hyperparameters.clip_blocks_per_sentence,
+                                    job.hyperparameters.dropout, job.eot_id)
+    tower.token_embedding = RowSubsetEmbedding(tower.token_embedding, clip_token_ids(job))
+    return model

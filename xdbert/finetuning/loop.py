@@ -1,0 +1,134 @@
+"""Training one seed of a job and predicting every dev split.
+
+Randomness is a pure function of the seed: the new head's initial weights, the batch order of each
+epoch and the dropout of each step are seeded from (seed, position), so the same seed gives the same
+predictions (on the CPU, with the same number of threads), and different seeds differ.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xdbert import training
+from xdbert.data.tasks.metrics import compute_metrics
+from xdbert.data.tasks.registry import TaskSpec
+from xdbert.errors import PipelineError
+from xdbert.finetuning import data as fd
+from xdbert.finetuning.job import Job, build_model
+from xdbert.finetuning.rates import parameter_groups
+
+
+def task_loss(spec: TaskSpec, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over classes or choices; mean squared error for regression (as transformers' heads)."""
+    scores = scores.float()
+    if spec.kind == "regression":
+        return F.mse_loss(scores.reshape(-1), labels.float())
+    return F.cross_entropy(scores, labels)
+
+
+def pad_multiple(max_len: int, device: torch.device) -> int:
+    """What batch lengths are rounded up to. On a GPU 8: bf16 tensor cores want it, and it bounds the
+    distinct batch shapes at max_len / 8, since cuDNN's attention builds a plan (about a second) the
+    first time a process meets a shape. On the CPU 1: exact lengths are fastest there. A max_len that
+    is no multiple of 8 keeps exact lengths, so no batch grows beyond it."""
+    return 8 if device.type == "cuda" and max_len % 8 == 0 else 1
+
+
+def _to_device(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device, non_blocking=True) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def predict(model: nn.Module, job: Job, data: fd.Encoded, device: torch.device, autocast) -> np.ndarray:
+    """Predicted class / choice (int64) or score (float64) of every example, in the split's order."""
+    model.eval()
+    out: np.ndarray | None = None
+    multiple = pad_multiple(job.hyperparameters.max_len, device)
+    for rows in fd.eval_batches(data.lengths, job.hyperparameters.eval_batch_size):
+        batch = _to_device(fd.collate(data, rows, multiple), device)
+        with autocast():
+            scores = model(batch).float()
+        if job.spec.kind == "regression":
+            values = scores.reshape(-1).double().cpu().numpy()
+        else:
+            values = scores.argmax(-1).cpu().numpy().astype(np.int64)
+        if out is None:
+            out = np.zeros(len(data), dtype=values.dtype)
+        out[rows] = values
+    model.train()
+    assert out is not None
+    return out
+
+
+def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
+    """Finetune a fresh copy of the model with `seed`; evaluate on every dev split.
+
+    Returns {seed, metrics: {split: {...}}, predictions: {split: array}, first_epoch_loss,
+    last_epoch_loss, steps, train_examples, train_seconds, eval_seconds, seconds (all, model loading
+    included)}. A non-finite loss raises PipelineError.
+    """
+    s, spec = job.hyperparameters, job.spec
+    device = torch.device(device)
+    t0 = time.time()
+    torch.manual_seed(training.step_seed(seed, -1))  # the new head's initial weights
+    model = build_model(job).to(device)
+    model.train()
+    train = job.data["train"]
+    lengths = train.lengths
+    steps_per_epoch = math.ceil(len(train) / s.batch_size)
+    total = steps_per_epoch * s.epochs
+    groups = parameter_groups(model, s.lr, s.weight_decay, s.layer_lr_decay)
+    for g in groups:
+        g.pop("names")
+    optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
+    bf16 = training.mixed_precision(s.precision) == "bf16"
+    # A GPU step of a base model on short batches is bound by the CPU launching ~1,200 small kernels;
+    # compiling fuses most of them. One graph serves every batch length (dynamic), so length-grouped
+    # batches do not recompile.
+    forward = torch.compile(model, dynamic=True) if s.compile else model
+
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    where = f"finetune {job.model_kind} {Path(job.model_path).name} {spec.name} seed {seed}"
+    multiple = pad_multiple(s.max_len, device)
+    epoch_losses, step = [], 0
+    t_train = time.time()
+    for epoch in range(s.epochs):
+        losses = []
+        for rows in fd.length_grouped_batches(lengths, s.batch_size, seed, epoch, s.length_group):
+            batch = _to_device(fd.collate(train, rows, multiple), device)
+            torch.manual_seed(training.step_seed(seed, -2, step))  # dropout of this step
+            with autocast():
+                scores = forward(batch)
+            loss = task_loss(spec, scores, batch["labels"])
+            training.check_finite(loss.detach(), step, where)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+            step += 1
+        epoch_losses.append(float(torch.stack(losses).mean()))
+
+    train_seconds = time.time() - t_train
+    t_eval = time.time()
+    metrics, predictions = {}, {}
+    for split in job.dev_splits:
+        data = job.data[split]
+        pred = predict(forward, job, data, device, autocast)
+        if len(pred) != len(data):
+            raise PipelineError(f"{where}: {len(pred)} predictions for {len(data)} {split} examples")
+        predictions[split] = pred
+        metrics[split] = compute_metrics(spec.name, pred, data.labels)
+    return {"seed": seed, "metrics": metrics, "predictions": predictions, "first_epoch_loss": epoch_losses[0],
+            "last_epoch_loss": epoch_losses[-1], "steps": step, "train_examples": len(train) * s.epochs,
+            "train_seconds": round(train_seconds, 3), "eval_seconds": round(time.time() - t_eval, 3),
+            "seconds": round(time.time() - t0, 3)}

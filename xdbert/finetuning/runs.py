@@ -1,0 +1,97 @@
+"""Which runs the study makes on a task, and where each run's model lives.
+
+A run finetunes one model on one task for every seed. Three kinds of model are finetuned:
+- `encoder`: an adapted language encoder, models/adapted/<name> (Table 1: the MLM baseline and XDBERT;
+  Table 3: the ablation variants, on `finetune.ablation_tasks` only);
+- `full`: the whole cross-modal model, models/crossmodal/<name> (Table 8);
+- `clip`: CLIP's text tower alone, models/pretrain_clip (Table 1's CLIP-T row, on `finetune.clip_tasks`).
+A run's results folder is named after its model: the encoder's name, `full_<name>` or `clip_t`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from xdbert import params, paths
+from xdbert.errors import PipelineError
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """Where the study keeps the models of one kind, and how their runs are named."""
+
+    folder: Callable[[str], Path]   # model name -> its folder
+    shown: str                      # the folder as an error message names it
+    required: str                   # the file a complete folder has
+    run_name: str                   # the run's results folder, `{}` standing for the model name
+
+
+MODEL_FOLDERS: dict[str, ModelFolder] = {
+    "encoder": ModelFolder(paths.adapted, str(paths.adapted("<name>")), "config.json", "{}"),
+    "clip": ModelFolder(lambda name: paths.PRETRAIN_CLIP, str(paths.PRETRAIN_CLIP), "clip_config.json", "{}_t"),
+    "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<name>")), "xdbert_config.json", "full_{}"),
+}
+MODEL_KINDS = tuple(MODEL_FOLDERS)   # what `finetuning.job.prepare` can finetune
+CLIP_MODEL = "clip"                  # the model name of the one `clip` run
+
+
+def run_name(model_kind: str, model: str) -> str:
+    """The results folder of the run that finetunes `model` (results/finetune/<task>/<run name>)."""
+    return MODEL_FOLDERS[model_kind].run_name.format(model)
+
+
+class Run(NamedTuple):
+    """One run of a task: (model kind, model name, run name)."""
+
+    model_kind: str
+    model: str
+    name: str
+
+    @property
+    def model_dir(self) -> Path:
+        return MODEL_FOLDERS[self.model_kind].folder(self.model)
+
+
+def _names(section: dict, key: str) -> list[str]:
+    value = params.get(section, key, "finetune")
+    if not isinstance(value, list) or any(not isinstance(v, str) for v in value):
+        raise PipelineError(f"`finetune.{key}` must be a list of names; got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Study:
+    """The models the study finetunes: the run lists of the `finetune` section."""
+
+    models: list[str]           # Table 1: adapted encoders finetuned on every task
+    ablations: list[str]        # Table 3: adapted encoders finetuned on `ablation_tasks`
+    ablation_tasks: list[str]
+    full_models: list[str]      # Table 8: whole cross-modal models finetuned on every task
+    clip_tasks: list[str]       # Table 1's CLIP-T row
+
+    @classmethod
+    def from_params(cls, finetune: dict) -> Study:
+        """The run lists of the `finetune` section (`finetune`: that section), checked."""
+        return cls(**{key: _names(finetune, key) for key in ("models", "ablations", "ablation_tasks", "full_models", "clip_tasks")})
+
+    def runs(self, task: str) -> list[Run]:
+        """Every run the study makes on task `task`, in the order their results are written."""
+        out = [Run("encoder", m, run_name("encoder", m)) for m in self.models]
+        if task in self.ablation_tasks:
+            out += [Run("encoder", m, run_name("encoder", m)) for m in self.ablations]
+        out += [Run("full", m, run_name("full", m)) for m in self.full_models]
+        if task in self.clip_tasks:
+            out.append(Run("clip", CLIP_MODEL, run_name("clip", CLIP_MODEL)))
+        return out
+
+
+def check_model_folders(runs: list[Run], tokenizer_dir: Path) -> None:
+    """Every run's model folder is complete, and the BERT tokenizer is there when a `full` run needs it."""
+    for run in runs:
+        where = MODEL_FOLDERS[run.model_kind]
+        if not (run.model_dir / where.required).is_file():
+            raise PipelineError(f"model folder {run.model_dir} is missing or has no {where.required}: run the stage that "
+                                f"writes it (`dvc repro`); a `{run.model_kind}` model lives in {where.shown}")
+    if any(run.model_kind == "full" for run in runs) and not any(Path(tokenizer_dir).glob("*.json")):
+        raise PipelineError(f"missing BERT tokenizer {tokenizer_dir}: run `dvc repro dual_tokenize`")

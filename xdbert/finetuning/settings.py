@@ -1,0 +1,145 @@
+"""The `finetune` section as settings: what a task's runs use, checked once, and one run's hyperparameters.
+
+`FinetuneSettings.from_params(params, task)` checks every value the runs of `task` read and raises
+`PipelineError` naming the full key; `FinetuneSettings.hyperparameters(size, model_kind)` gives one
+run's `Hyperparameters`, with the paper's Table 5 learning rate for the model's size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from xdbert import params
+from xdbert.data.tasks.registry import TaskSpec
+from xdbert.errors import PipelineError
+from xdbert.finetuning.runs import Study
+
+LARGE_WIDTH = 1024          # Table 5: "large" models (BERT-l, ELECTRA-l) are 1024 wide
+MAX_GRAD_NORM = 1.0         # gradient clipping, transformers' default; not a param
+PRECISIONS = ("auto", "bf16", "no")
+
+
+def size_of(width: int) -> str:
+    """Table 5's model size from the hidden width: large at 1024 and above, else base."""
+    return "large" if width >= LARGE_WIDTH else "base"
+
+
+def learning_rate(table: dict, spec: TaskSpec, size: str, model_kind: str = "encoder") -> float:
+    """`table[task][size]`: the paper's Table 5 written out per task, so one task's rate can change alone.
+
+    The full cross-modal model (Table 8, whose rates the paper does not give) takes `table[task]["full"]`
+    where the task has one, else the same rate as the encoder.
+    """
+    try:
+        if model_kind == "full" and "full" in table[spec.name]:
+            return float(table[spec.name]["full"])
+        return float(table[spec.name][size])
+    except (KeyError, TypeError) as e:
+        raise PipelineError(f"`finetune.lr` needs `{spec.name}: {{{size}: <lr>}}` (Table 5: base 1e-4 for RTE, "
+                            f"MRPC, STS-B and 2e-5 for the others; large 5e-5 and 1e-5)") from e
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """One run's hyperparameters: the `finetune` values with the run's learning rate.
+
+    Written to metrics.json as `hyperparameters`, and part of what a saved seed must match to be reused.
+    """
+
+    lr: float
+    epochs: int
+    warmup_ratio: float
+    batch_size: int
+    eval_batch_size: int
+    max_len: int
+    weight_decay: float
+    layer_lr_decay: float           # 1.0 = off; 0.9 = each layer below the top gets lr * 0.9^depth
+    max_grad_norm: float
+    length_group: int               # batches per length-sorted mega-batch; 1 = plain shuffled batches
+    clip_blocks_per_sentence: int   # Table 8: 2 blocks for one sentence, 4 for a pair
+    dropout: float                  # before the new head of the clip and full kinds
+    precision: str                  # auto = bf16 autocast on a GPU, fp32 on the CPU
+    compile: bool                   # torch.compile the model (lengths dynamic); pays off on long GPU runs
+
+
+def seed_list(section: dict, key: str, where: str) -> list[int]:
+    """`<where>.<key>`: a non-empty list of distinct integer seeds."""
+    chosen = params.get(section, key, where)
+    if not isinstance(chosen, list) or not chosen:
+        raise PipelineError(f"`{where}.{key}` must be a non-empty list of integer seeds; got {chosen!r}")
+    if any(not isinstance(x, int) or isinstance(x, bool) for x in chosen) or len(set(chosen)) != len(chosen):
+        raise PipelineError(f"`{where}.{key}` must list distinct integers; got {chosen!r}")
+    return chosen
+
+
+def seeds_key(task: TaskSpec) -> str:
+    """RTE's dev set is the smallest and noisiest: it has seeds of its own (`finetune.rte_seeds`)."""
+    return "rte_seeds" if task.name == "rte" else "seeds"
+
+
+def _rates(lr: Any, task: TaskSpec) -> None:
+    rates = lr.get(task.name) if isinstance(lr, dict) else None
+    if not isinstance(rates, dict):
+        raise PipelineError(f"`finetune.lr.{task.name}` must map base, large (and optionally full, the full cross-modal "
+                            f"model) to learning rates; got {rates!r}")
+    unknown = sorted(set(rates) - {"base", "large", "full"})
+    if unknown:
+        raise PipelineError(f"`finetune.lr.{task.name}` has unknown keys {unknown}; allowed: base, large, full (the full cross-modal model)")
+    for size in ("base", "large", *(["full"] if "full" in rates else [])):
+        params.positive(rates.get(size), f"finetune.lr.{task.name}.{size}", float)
+
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """The `finetune` section for the runs of one task, checked."""
+
+    task: TaskSpec
+    epochs: int
+    warmup_ratio: float
+    batch_size: int
+    eval_batch_size: int
+    max_len: int
+    weight_decay: float
+    layer_lr_decay: float
+    length_group: int
+    clip_blocks_per_sentence: int
+    dropout: float
+    precision: str
+    compile: bool
+    lr: dict                        # task -> {base, large[, full]: rate}: Table 5, per task
+    seeds: list[int]                # this task's seeds (`seeds`, or `rte_seeds` for RTE)
+    workers: int | str              # worker processes, or `auto`
+    study: Study                    # which models are finetuned
+
+    @classmethod
+    def from_params(cls, p: dict, task: TaskSpec) -> FinetuneSettings:
+        f = params.section(p, "finetune")
+        s: dict[str, Any] = {key: params.positive(params.get(f, key, "finetune"), f"finetune.{key}")
+                             for key in ("epochs", "batch_size", "eval_batch_size", "max_len", "length_group",
+                                         "clip_blocks_per_sentence")}
+        if s["max_len"] > 512:
+            raise PipelineError(f"`finetune.max_len` must be at most 512 (BERT's positions); got {s['max_len']}")
+        for key in ("warmup_ratio", "weight_decay", "dropout"):
+            s[key] = params.fraction(params.get(f, key, "finetune"), f"finetune.{key}")
+        decay = params.get(f, "layer_lr_decay", "finetune")
+        if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0 < decay <= 1:
+            raise PipelineError(f"`finetune.layer_lr_decay` must be in (0, 1] (1.0 = off, 0.9 = the paper's 'decay of 0.9'); got {decay!r}")
+        s["layer_lr_decay"] = float(decay)
+        s["precision"] = params.choice(params.get(f, "precision", "finetune"), "finetune.precision", PRECISIONS)
+        s["compile"] = params.flag(params.get(f, "compile", "finetune"), "finetune.compile")
+        lr = params.get(f, "lr", "finetune")
+        _rates(lr, task)
+        seeds = seed_list(f, seeds_key(task), "finetune")
+        workers = params.get(f, "workers", "finetune")
+        if workers != "auto":
+            workers = params.positive(workers, "finetune.workers")
+        return cls(task=task, **s, lr=lr, seeds=seeds, workers=workers, study=Study.from_params(f))
+
+    def hyperparameters(self, size: str, model_kind: str) -> Hyperparameters:
+        """The hyperparameters of a run on a `size` model (Table 5's base or large) of `model_kind`."""
+        return Hyperparameters(
+            lr=learning_rate(self.lr, self.task, size, model_kind), epochs=self.epochs, warmup_ratio=self.warmup_ratio,
+            batch_size=self.batch_size, eval_batch_size=self.eval_batch_size, max_len=self.max_len,
+            weight_decay=self.weight_decay, layer_lr_decay=self.layer_lr_decay, max_grad_norm=MAX_GRAD_NORM,
+            length_group=self.length_group, clip_blocks_per_sentence=self.clip_blocks_per_sentence,
+            dropout=self.dropout, precision=self.precision, compile=self.compile)

@@ -1,0 +1,9 @@
+"""2. The model: the XDBERT cross-modal model, its parts, saving, and its assembly for an adaptation variant.
+
+Read in this order: `encoders` (the language encoder), `clip_tower` (CLIP's text tower), `layers` (cross-modal
+layers and pretraining heads), `modeling` (`XDBertConfig`, `XDBertModel`), `saving`, `build` (the model an
+`adapt` variant trains, from params). `settings` holds the `model` section and imports nothing heavy.
+"""
+
+LOSSES = ("mlm", "match", "cliptc")  # the adaptation objectives, in the order every report lists them
+IGNORE_INDEX = -100  # label of positions without a target, as in transformers and F.cross_entropy

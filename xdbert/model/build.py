@@ -1,0 +1,79 @@
+"""The cross-modal model an adaptation variant trains, assembled from params as the `adapt` stage starts it.
+
+`build_xdbert` takes these steps, in this order (the initial weights depend on it):
+
+1. `torch.manual_seed(model.seed)`, so every variant starts from the same initial weights;
+2. the model of `xdbert_config`: the encoder from `encoder_source` (a random encoder's pretraining stand-in,
+   or the hub id), the variant's cross layers, losses and CLIP heads;
+3. the CLIP tower as the `pretrain_clip` stage left it (`pretrained_clip_tower`);
+4. CLIPTC's classes restricted to the CLIP ids of the token shards (`adapt.cliptc_vocab: shards`);
+5. the CLIP tower frozen (`adapt.freeze_clip`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+
+from xdbert import paths
+from xdbert.errors import PipelineError
+from xdbert.model.clip_tower import CLIPTextTower
+from xdbert.model.encoders import encoder_source
+from xdbert.model.modeling import XDBertConfig, XDBertModel
+from xdbert.model.saving import load_clip_tower
+from xdbert.model.settings import ModelSettings
+
+
+class Variant(Protocol):
+    """What the model of an adaptation variant is built from (`xdbert.adaptation.settings.AdaptSettings`)."""
+
+    losses: list
+    cross_layers: int
+    clip_heads: int
+    placeholder: bool
+    init_range: float | None
+    cliptc_vocab: str
+    freeze_clip: bool
+
+
+def xdbert_config(model: ModelSettings, variant: Variant, *, vocab_size: int, clip_blocks: int,
+                  clip_eot_id: int) -> XDBertConfig:
+    """The config of a variant's model: `vocab_size` of the trained tokenizer, `clip_blocks` per window."""
+    return XDBertConfig(
+        encoder=encoder_source(model.encoder, model.encoder_config), encoder_config=model.encoder_config,
+        vocab_size=vocab_size, clip=model.clip, clip_pretrained=model.clip_pretrained, clip_heads=variant.clip_heads,
+        clip_blocks=clip_blocks, cross_layers=variant.cross_layers, losses=variant.losses,
+        placeholder=variant.placeholder, clip_eot_id=clip_eot_id, init_range=variant.init_range)
+
+
+def build_xdbert(model: ModelSettings, variant: Variant, *, vocab_size: int, clip_blocks: int, clip_eot_id: int,
+                 splits: Sequence, clip_tower: Path = paths.PRETRAIN_CLIP) -> XDBertModel:
+    """The model a variant's adaptation starts from; `splits` are the token shards it trains and evaluates on."""
+    torch.manual_seed(model.seed)  # every variant starts from the same initial weights
+    xdbert = XDBertModel.build(xdbert_config(model, variant, vocab_size=vocab_size, clip_blocks=clip_blocks,
+                                             clip_eot_id=clip_eot_id))
+    if xdbert.clip is not None:
+        xdbert.clip.load_state_dict(pretrained_clip_tower(model, clip_tower).state_dict())
+    if variant.cliptc_vocab == "shards" and xdbert.cliptc_head is not None:
+        xdbert.restrict_cliptc(shard_clip_ids(splits))
+    if variant.freeze_clip and xdbert.clip is not None:
+        xdbert.clip.requires_grad_(False)
+    return xdbert
+
+
+def pretrained_clip_tower(model: ModelSettings, directory: Path = paths.PRETRAIN_CLIP) -> CLIPTextTower:
+    """The tower the `pretrain_clip` stage left: the downloaded weights (paper profile) or the embedded
+    profile's stand-in, a random tower trained as a causal language model on the corpus."""
+    tower, saved = load_clip_tower(directory)
+    if (saved["clip"], saved["clip_pretrained"]) != (model.clip, model.clip_pretrained):
+        raise PipelineError(f"{directory} holds {saved['clip']} ({saved['clip_pretrained'] or 'random init'}), "
+                            f"params ask for {model.clip} ({model.clip_pretrained or 'random init'}): run `dvc repro pretrain_clip`")
+    return tower
+
+
+def shard_clip_ids(splits: Sequence) -> torch.Tensor:
+    """Every CLIP id in the windows of `splits` (token shards), sorted: the only ids CLIPTC can have as targets."""
+    used = [split[np.arange(len(split))]["clip_ids"] for split in splits]
+    return torch.from_numpy(np.unique(np.concatenate([np.unique(u) for u in used])).astype(np.int64))

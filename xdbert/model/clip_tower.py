@@ -1,0 +1,123 @@
+"""The text tower of an open_clip CLIP ("CLIP-T"), fed several 77-token CLIP blocks per window.
+
+CLIP's causal mask is kept inside the tower. Because of it a real token never attends to the zero
+padding after [EOT], so the tower needs no padding mask; padding is masked in the cross layers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import open_clip
+import torch
+from torch import nn
+
+from xdbert.clip import check_name, register_configs
+from xdbert.errors import PipelineError
+from xdbert.hub import hub_request
+
+
+def clip_uses_quick_gelu(name: str, pretrained: str = "") -> bool:
+    """Whether open_clip model `name` with weights `pretrained` needs QuickGELU (the tag decides if it says)."""
+    register_configs()
+    tag_cfg = open_clip.get_pretrained_cfg(name, pretrained) if pretrained else {}
+    model_cfg = open_clip.get_model_config(name) or {}
+    return bool(tag_cfg.get("quick_gelu", model_cfg.get("quick_gelu", False)))
+
+
+_MINIMAL_VISION_CFG = {"image_size": 32, "patch_size": 16, "width": 32, "head_width": 32, "layers": 1}
+
+
+class CLIPTextTower(nn.Module):
+    """The text tower of an open_clip CLIP ("CLIP-T"), fed several 77-token blocks per window.
+
+    Keeps exactly the text parts of the CLIP model: token_embedding, positional_embedding, transformer,
+    ln_final, text_projection, logit_scale and the causal attn_mask (a buffer). `forward` returns token
+    features after ln_final, (B, n_blocks * context, width), zero at positions that hold no token.
+    """
+
+    def __init__(self, clip_model: nn.Module):
+        super().__init__()
+        text = getattr(clip_model, "text", clip_model)  # CustomTextCLIP keeps the tower in `.text`
+        parts = ("token_embedding", "positional_embedding", "transformer", "ln_final", "text_projection", "attn_mask")
+        missing = [p for p in parts if not hasattr(text, p)]
+        if missing or getattr(text, "cls_emb", None) is not None:
+            raise PipelineError(f"{type(clip_model).__name__} has no plain CLIP text transformer (missing {missing}); use a CLIP model such as ViT-B-32")
+        if text.attn_mask is None:
+            raise PipelineError("this CLIP text tower has no causal mask; XDBERT needs one (padding is only masked in the cross layers)")
+        self.token_embedding = text.token_embedding
+        self.positional_embedding = text.positional_embedding
+        self.transformer = text.transformer
+        self.ln_final = text.ln_final
+        self.text_projection = text.text_projection
+        self.logit_scale = clip_model.logit_scale
+        self.register_buffer("attn_mask", text.attn_mask.clone(), persistent=False)
+        # Only the pooled [EOT] feature is projected and scored in CLIP; no XDBERT loss reaches these.
+        for p in self.unused_parameters():
+            p.requires_grad_(False)
+
+    @classmethod
+    def build(cls, name: str, pretrained: str = "", quick_gelu: bool | None = None) -> "CLIPTextTower":
+        """Build the tower of open_clip model `name`, with weights `pretrained` (a tag or file; "" = random).
+
+        `quick_gelu=None` follows the pretrained tag (OpenAI's weights were trained with QuickGELU, and
+        `ViT-B-32` + `openai` would otherwise build plain GELU under them).
+        """
+        tower, _ = cls._build(name, pretrained, quick_gelu)
+        return tower
+
+    @classmethod
+    def _build(cls, name: str, pretrained: str, quick_gelu: bool | None) -> tuple["CLIPTextTower", bool]:
+        check_name(name)
+        register_configs()
+        if pretrained:
+            tags = open_clip.list_pretrained_tags_by_model(name)
+            if pretrained not in tags and not Path(pretrained).is_file():
+                raise PipelineError(f"unknown `model.clip_pretrained: {pretrained}` for {name}; allowed: {', '.join(tags) or 'a checkpoint file'}, or empty for random weights")
+        if quick_gelu is None:
+            quick_gelu = clip_uses_quick_gelu(name, pretrained)
+        device = torch.get_default_device()  # lets callers build on the meta device to count parameters
+        # The image tower is dropped at once. Without a checkpoint to load strictly, a minimal one is
+        # built instead of the configured one (ViT-B-32's is 88M parameters of wasted time and memory).
+        overrides = {} if pretrained else {"vision_cfg": dict(_MINIMAL_VISION_CFG)}
+        with hub_request(f"CLIP `{name}` weights `{pretrained}`"):
+            model = open_clip.create_model(
+                name, pretrained=pretrained or None, device=device, force_quick_gelu=quick_gelu,
+                require_pretrained=bool(pretrained), **overrides,
+            )
+        return cls(model), quick_gelu
+
+    def unused_parameters(self) -> list[nn.Parameter]:
+        params = [self.logit_scale]
+        if isinstance(self.text_projection, nn.Parameter):
+            params.append(self.text_projection)
+        elif isinstance(self.text_projection, nn.Module):
+            params.extend(self.text_projection.parameters())
+        return params
+
+    @property
+    def width(self) -> int:
+        return self.token_embedding.weight.shape[1]
+
+    @property
+    def context_length(self) -> int:
+        return self.positional_embedding.shape[0]
+
+    def forward(self, clip_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """clip_ids, mask: (B, n_blocks, context) -> token features (B, n_blocks * context, width)."""
+        batch, n_blocks, context = clip_ids.shape
+        ids = clip_ids.reshape(batch * n_blocks, context)
+        valid = mask.reshape(batch * n_blocks, context)
+        lengths = valid.sum(dim=-1)
+        used = lengths > 0
+        # All blocks run as one batch; unused blocks are skipped and blocks are cut after the longest
+        # one's [EOT]. With the causal mask a position only sees earlier ones, so the cut changes nothing.
+        n = int(lengths.max()) if bool(used.any()) else 0
+        if n == 0:
+            return self.token_embedding.weight.new_zeros(batch, n_blocks * context, self.width)
+        x = self.token_embedding(ids[used, :n]) + self.positional_embedding[:n]
+        x = self.transformer(x, attn_mask=self.attn_mask[:n, :n])
+        # Zero after [EOT] too, so a window's features never depend on what else is in the batch.
+        x = self.ln_final(x) * valid[used, :n, None].to(x.dtype)
+        out = x.new_zeros(batch * n_blocks, context, x.shape[-1])
+        out[used, :n] = x
+        return out.reshape(batch, n_blocks * context, x.shape[-1])

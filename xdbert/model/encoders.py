@@ -1,0 +1,114 @@
+"""The language encoder ("L"): any transformers encoder (BERT, ELECTRA, RoBERTa, ...), pretrained or random.
+
+`random:<model_type>` is built from a transformers config; anything else (a hub id, a local
+`save_pretrained` folder) is loaded with its own config and vocabulary. A random encoder starts the
+adaptation from its pretraining stand-in (`encoder_source`, the `pretrain_encoder` stage's output).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
+
+from xdbert import paths
+from xdbert.errors import PipelineError
+from xdbert.hub import hub_request
+
+if TYPE_CHECKING:
+    from xdbert.model.layers import MaskedTokenHead
+
+RANDOM_PREFIX = "random:"
+
+# Where a family's pretrained MLM head lives in its `AutoModelForMaskedLM` checkpoint:
+# (transform dense, transform LayerNorm, decoder bias). All are dense -> act -> LayerNorm -> tied decoder,
+# the layout of `MaskedTokenHead`. ELECTRA discriminators ship no MLM head; their head starts random.
+PRETRAINED_MLM_HEADS = {
+    "bert": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
+    "roberta": ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+    "xlm-roberta": ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+    "electra": ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
+}
+
+
+def build_language_encoder(name: str, config_overrides: dict | None = None, vocab_size: int | None = None) -> PreTrainedModel:
+    """The language encoder ("L"): `random:<model_type>` builds one from a config, anything else loads.
+
+    `random:bert` with no overrides is BERT-base with random weights; `config_overrides` are keyword
+    arguments of the transformers config (hidden_size, num_hidden_layers, ...) and `vocab_size` the size
+    of the tokenizer the pipeline trained. A hub id or a local `save_pretrained` folder is loaded with
+    `AutoModel.from_pretrained` (its own config and vocabulary; overrides and vocab_size are not used);
+    an offline machine gets a PipelineError saying what to do.
+    """
+    if name.startswith(RANDOM_PREFIX):
+        return AutoModel.from_config(random_encoder_config(name, config_overrides, vocab_size))
+    # A pretrained encoder comes with its own config and vocabulary: overrides and vocab_size are not
+    # used (params.yaml says `encoder_config` is only for random:<model_type>).
+    try:
+        with hub_request(f"language encoder `{name}`"):  # an offline machine: PipelineError with what to do
+            return AutoModel.from_pretrained(name)
+    except (OSError, ValueError) as e:  # not a network failure: a wrong name or folder
+        raise PipelineError(
+            f"cannot load language encoder `model.encoder: {name}` ({e}); use a hub id such as "
+            f"bert-base-uncased, a local save_pretrained folder, or random:<model_type>"
+        ) from e
+
+
+def random_encoder_config(name: str, config_overrides: dict | None = None, vocab_size: int | None = None) -> PretrainedConfig:
+    """The transformers config of `random:<model_type>` with the overrides and the trained vocabulary's size."""
+    model_type = name[len(RANDOM_PREFIX):]
+    overrides = dict(config_overrides or {})
+    if vocab_size is not None:
+        overrides["vocab_size"] = int(vocab_size)
+    try:
+        return AutoConfig.for_model(model_type, **overrides)
+    except ValueError as e:
+        raise PipelineError(
+            f"unknown encoder model type `{model_type}` in `model.encoder: {name}`; use random:<model_type> "
+            f"with a transformers encoder type such as bert, electra, roberta"
+        ) from e
+
+
+def build_masked_lm(name: str, config_overrides: dict | None = None, vocab_size: int | None = None) -> PreTrainedModel:
+    """A random `random:<model_type>` encoder with its family's MLM head (`AutoModelForMaskedLM`), to pretrain."""
+    if not name.startswith(RANDOM_PREFIX):
+        raise PipelineError(f"only random:<model_type> encoders are pretrained here; `{name}` is used as downloaded")
+    return AutoModelForMaskedLM.from_config(random_encoder_config(name, config_overrides, vocab_size))
+
+
+def load_pretrained_mlm_head(name: str, head: "MaskedTokenHead") -> bool:
+    """Copy the MLM head of checkpoint `name` into `head` when the checkpoint has one; True if it did.
+
+    Starting adaptation (and the MLM-only baseline) from BERT's own MLM head matters: a random head
+    sends large random gradients into the encoder during the first steps.
+    """
+    with hub_request(f"MLM head of `{name}`"):
+        keys = PRETRAINED_MLM_HEADS.get(AutoConfig.from_pretrained(name).model_type)
+        if keys is None:
+            return False
+        mlm_model, info = AutoModelForMaskedLM.from_pretrained(name, output_loading_info=True)
+    dense, norm, bias = keys
+    wanted = [f"{dense}.weight", f"{dense}.bias", f"{norm}.weight", f"{norm}.bias", bias]
+    if set(wanted) & set(info.get("missing_keys", [])):
+        return False  # e.g. an ELECTRA discriminator: its generator head would be random
+    state = mlm_model.state_dict()
+    with torch.no_grad():
+        head.dense.weight.copy_(state[f"{dense}.weight"])
+        head.dense.bias.copy_(state[f"{dense}.bias"])
+        head.layer_norm.weight.copy_(state[f"{norm}.weight"])
+        head.layer_norm.bias.copy_(state[f"{norm}.bias"])
+        head.bias.copy_(state[bias])
+    return True
+
+
+def encoder_source(encoder: str, encoder_config: dict | None = None) -> str:
+    """Where adaptation (and everything that starts from the original encoder) loads the encoder:
+    the pretrained stand-in for a `random:<type>` encoder, the hub id or folder otherwise."""
+    if not encoder.startswith(RANDOM_PREFIX):
+        return encoder
+    random_encoder_config(encoder, encoder_config)  # an unknown model type is named here
+    source = paths.PRETRAIN_ENCODER
+    if not (source / "config.json").is_file():
+        raise PipelineError(f"missing {source}: a `model.encoder: {encoder}` encoder starts from its pretraining "
+                            f"stand-in; run `dvc repro pretrain_encoder`")
+    return str(source)

@@ -1,0 +1,350 @@
+"""The XDBERT cross-modal model: language encoder + CLIP text tower + LXMERT-style cross-modal layers.
+
+Read top to bottom: `XDBertConfig` (everything needed to rebuild a model), `XDBertModel` (its parts, its
+losses, and `encode` for finetuning), `count_parameters` (paper Table 6). The parts live beside this
+module: `encoders`, `clip_tower`, `layers`.
+
+Parameter layout (paper Table 6). With HF `BertModel` (pooler included) as the language encoder, the
+full open_clip text tower (token and position embeddings, transformer, ln_final, `text_projection`
+and `logit_scale`) and two cross layers, the counts are exactly the paper's:
+109,482,240 + 63,428,097 + 2 x 14,574,336 = 202,059,009 for BERT-base / ViT-B-32. Pretraining heads
+are not part of these numbers (`count_parameters(model, "backbone")` leaves them out).
+
+Decisions this file takes (the paper does not say):
+- CLIP token features are taken after `ln_final`, WITHOUT `text_projection`: the projection was trained
+  only on the pooled end-of-text feature, and Table 4 gives CLIP's width as the transformer's 512.
+  `text_projection` and `logit_scale` are kept (a pretrained checkpoint loads, Table 6 counts them) but
+  no loss reaches them, so they are frozen; so is the encoder's pooler during adaptation.
+- CLIP's causal mask is kept inside the tower, so padding is masked in the cross layers only.
+- New modules (cross layers, heads, placeholder) start like BERT's: normal(0, initializer_range).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import open_clip
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+
+from xdbert.clip import check_name, clip_block_mask
+from xdbert.errors import PipelineError
+from xdbert.model import IGNORE_INDEX, LOSSES
+from xdbert.model.clip_tower import CLIPTextTower
+from xdbert.model.encoders import RANDOM_PREFIX, build_language_encoder, load_pretrained_mlm_head
+from xdbert.model.layers import CrossModalLayer, MaskedTokenHead, MatchHead
+
+
+@dataclass
+class XDBertConfig:
+    """Everything needed to rebuild an XDBertModel; JSON-serialisable (`to_dict` / `from_dict`)."""
+
+    encoder: str = "random:bert"                 # hub id, local folder, or random:<model_type>
+    encoder_config: dict = field(default_factory=dict)  # overrides for random:<model_type>
+    vocab_size: int | None = None                # random encoders: the trained WordPiece vocabulary
+    clip: str = "xdbert-tiny"                    # open_clip model name
+    clip_pretrained: str = ""                    # open_clip tag or file; "" = random weights
+    clip_quick_gelu: bool | None = None          # None: as the pretrained tag says; resolved on build
+    clip_heads: int = 8                          # heads of the CLIP stream in the cross layers
+    clip_blocks: int = 9                         # blocks of 77 per window (placeholder length)
+    cross_layers: int = 2
+    losses: list = field(default_factory=lambda: list(LOSSES))
+    placeholder: bool = False                    # replace CLIP by a learned sequence (control run)
+    clip_eot_id: int = 49407                     # CLIP BPE's <|endoftext|>; the CLIP mask is built from it
+    init_range: float | None = None              # std of the new modules' normal init; None = the encoder's initializer_range
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "XDBertConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PipelineError(f"unknown XDBERT config keys {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    @property
+    def uses_clip(self) -> bool:
+        """Whether the CLIP stream exists (real tower or placeholder): any cross layer needs one."""
+        return self.cross_layers > 0
+
+    def validate(self) -> "XDBertConfig":
+        if not isinstance(self.losses, (list, tuple)) or not self.losses or any(l not in LOSSES for l in self.losses) \
+                or len(set(self.losses)) != len(self.losses):
+            raise PipelineError(f"`losses: {self.losses!r}` must be a non-empty list without repeats drawn from: {', '.join(LOSSES)}")
+        if not isinstance(self.cross_layers, int) or self.cross_layers < 0:
+            raise PipelineError(f"`cross_layers` must be an integer >= 0; got {self.cross_layers!r}")
+        if self.init_range is not None and (not isinstance(self.init_range, (int, float)) or isinstance(self.init_range, bool) or self.init_range <= 0):
+            raise PipelineError(f"`init_range` must be a positive number, or null for the encoder's initializer_range; got {self.init_range!r}")
+        for key in ("clip_heads", "clip_blocks"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value <= 0:
+                raise PipelineError(f"`{key}` must be a positive integer; got {value!r}")
+        if self.cross_layers == 0 and (set(self.losses) != {"mlm"} or self.placeholder):
+            raise PipelineError(f"`cross_layers: 0` (the MLM-only baseline) allows only `losses: [mlm]` without placeholder; got losses {self.losses}, placeholder {self.placeholder}")
+        if self.placeholder and set(self.losses) & {"cliptc", "match"}:
+            # CLIPTC has no CLIP tokens to reconstruct; MATCH could only read the CLIP text's length
+            # from the mask, which would make the control learn from a leak instead of from CLIP.
+            raise PipelineError(f"`placeholder: true` replaces the CLIP text, so losses cliptc and match are impossible; use `losses: [mlm]` (got {self.losses})")
+        return self
+
+
+class XDBertModel(nn.Module):
+    """Language encoder + CLIP text tower + cross-modal layers + MLM / MATCH / CLIPTC heads.
+
+    `XDBertModel.build(config)` loads or creates the parts named in the config; the constructor only
+    assembles given parts (used by `load_full`, which fills them from a saved state).
+    """
+
+    def __init__(self, config: XDBertConfig, encoder: PreTrainedModel, clip: CLIPTextTower | None = None):
+        super().__init__()
+        self.config = config.validate()
+        self.losses = tuple(config.losses)
+        self.encoder = encoder
+        enc = encoder.config
+        width = enc.hidden_size
+        act = getattr(enc, "hidden_act", "gelu")
+        eps = getattr(enc, "layer_norm_eps", 1e-12)
+        std = config.init_range or getattr(enc, "initializer_range", 0.02)
+        needs_tower = config.uses_clip and not config.placeholder
+        if needs_tower != (clip is not None):
+            raise ValueError(f"a CLIP tower is {'needed' if needs_tower else 'not used'} with cross_layers={config.cross_layers}, placeholder={config.placeholder}")
+        self.clip = clip
+        self.placeholder = None
+        clip_width = None
+        if clip is not None:
+            clip_width, self.context_length = clip.width, clip.context_length
+        elif config.placeholder:
+            text_cfg = open_clip.get_model_config(check_name(config.clip))["text_cfg"]
+            clip_width, self.context_length = text_cfg["width"], text_cfg.get("context_length", 77)
+            # The control run: one learned vector per CLIP position in place of CLIP's features.
+            self.placeholder = nn.Parameter(torch.empty(config.clip_blocks * self.context_length, clip_width))
+            nn.init.normal_(self.placeholder, std=std)
+        self.cross_layers = nn.ModuleList(
+            CrossModalLayer(width, clip_width, enc.num_attention_heads, config.clip_heads,
+                            getattr(enc, "intermediate_size", 4 * width), act,
+                            getattr(enc, "attention_probs_dropout_prob", 0.1), getattr(enc, "hidden_dropout_prob", 0.1), eps)
+            for _ in range(config.cross_layers)
+        )
+        self.mlm_head = MaskedTokenHead(width, encoder.get_input_embeddings(), act, eps) if "mlm" in self.losses else None
+        self.match_head = MatchHead(width) if "match" in self.losses else None
+        self.cliptc_head = MaskedTokenHead(clip_width, clip.token_embedding, "gelu", eps) if "cliptc" in self.losses else None
+        for module in (self.cross_layers, self.match_head):
+            _init_bert_style(module, std)
+        for head in (self.mlm_head, self.cliptc_head):
+            if head is not None:  # not the decoder: it is the (pretrained) embedding
+                _init_bert_style(head.dense, std)
+                _init_bert_style(head.layer_norm, std)
+                nn.init.zeros_(head.bias)
+        # The pooler is not on any loss path (MATCH has its own); frozen so DDP and optimizers skip it.
+        # It is still saved by `save_adapted`, unchanged, for finetuning.
+        pooler = getattr(encoder, "pooler", None)
+        if isinstance(pooler, nn.Module):
+            pooler.requires_grad_(False)
+        self.mlm_head_source = "random"
+        # CLIPTC's classes when restricted (`restrict_cliptc`); None = all of CLIP's ids. Not saved.
+        self.register_buffer("cliptc_classes", None, persistent=False)
+        self.register_buffer("cliptc_class_of", None, persistent=False)
+
+    @classmethod
+    def build(cls, config: XDBertConfig) -> "XDBertModel":
+        """Create the model named by `config`: pretrained parts are loaded (hub or local), random ones built."""
+        config = dataclasses.replace(config, losses=list(config.losses), encoder_config=dict(config.encoder_config)).validate()
+        pretrained_encoder = not config.encoder.startswith(RANDOM_PREFIX)
+        encoder = build_language_encoder(config.encoder, config.encoder_config, config.vocab_size)
+        clip = None
+        if config.uses_clip and not config.placeholder:
+            clip, config.clip_quick_gelu = CLIPTextTower._build(config.clip, config.clip_pretrained, config.clip_quick_gelu)
+        model = cls(config, encoder, clip)
+        if pretrained_encoder and model.mlm_head is not None and load_pretrained_mlm_head(config.encoder, model.mlm_head):
+            model.mlm_head_source = f"pretrained:{config.encoder}"
+        return model
+
+    def restrict_cliptc(self, ids: torch.Tensor) -> "XDBertModel":
+        """Score CLIPTC over the CLIP ids in `ids` alone instead of all of CLIP's vocabulary.
+
+        The adapt stage passes every id of its token shards (`adapt.cliptc_vocab: shards`), so every
+        target is among them; the others can never be a target. On wiki103 that is nearly all of
+        CLIP's 49,408 ids and changes little, but the embedded corpus uses 990, and decoding the rest
+        is a third of each step of its tiny model.
+        """
+        if self.cliptc_head is None:
+            raise ValueError("this model has no CLIPTC head")
+        device = self.cliptc_head.bias.device
+        classes = torch.unique(ids.reshape(-1).long()).to(device)
+        class_of = torch.full_like(self.cliptc_head.bias, IGNORE_INDEX, dtype=torch.long)
+        class_of[classes] = torch.arange(len(classes), device=device)
+        self.cliptc_classes, self.cliptc_class_of = classes, class_of
+        return self
+
+    def strip_heads(self) -> "XDBertModel":
+        """Drop the pretraining heads (finetuning the full model, Table 8, needs only `encode`), so no
+        parameter is left that no loss reaches. `forward` then computes no loss."""
+        self.mlm_head = self.match_head = self.cliptc_head = None
+        return self
+
+    # -- forward ---------------------------------------------------------------------------------
+
+    def _clip_stream(self, clip_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """CLIP token features (B, n_blocks*context, W) and their mask (B, n_blocks*context)."""
+        batch, n_blocks, context = clip_ids.shape
+        if context != self.context_length:
+            raise PipelineError(f"CLIP blocks have {context} positions, the CLIP model expects {self.context_length}")
+        mask = clip_block_mask(clip_ids, self.config.clip_eot_id)
+        if self.placeholder is not None:
+            if n_blocks > self.config.clip_blocks:
+                raise PipelineError(f"the placeholder covers {self.config.clip_blocks} CLIP blocks, the batch has {n_blocks}; raise `clip_blocks`")
+            features = self.placeholder[: n_blocks * context].unsqueeze(0).expand(batch, -1, -1)
+        else:
+            features = self.clip(clip_ids, mask)
+        return features, mask.reshape(batch, n_blocks * context)
+
+    def _encode(self, bert_ids, bert_mask, clip_ids, output_attentions=False, token_type_ids=None, language_cls_only=False):
+        """(language, clip, clip_mask, attentions, kept): `kept` indexes the CLIP positions the cross layers
+        saw (None: all of them). `language_cls_only`: the last cross layer computes only the language
+        [CLS], (B, 1, H), and clip is None (see `CrossModalLayer`)."""
+        if language_cls_only and output_attentions:
+            raise ValueError("language_cls_only skips the last layer's CLIP stream: it cannot return its attention maps")
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}  # not every encoder takes them
+        language = self.encoder(input_ids=bert_ids, attention_mask=bert_mask, **types).last_hidden_state
+        if not self.config.uses_clip:
+            return language, None, None, [], None
+        if clip_ids is None:
+            raise ValueError("this model has cross layers: clip_ids are required")
+        clip, clip_mask = self._clip_stream(clip_ids)
+        kept = None
+        used = clip_mask.any(dim=0)
+        if not output_attentions and bool(used.any()) and not bool(used.all()):  # (none used: nothing to gain)
+            # Positions that hold no token in any window of the batch are dropped before the cross layers:
+            # as keys they are masked and their own states are never read, so only the cost changes. A
+            # finetuning sentence fills about 20 of its block's 77 positions, so this is most of the work.
+            # Attention maps keep the full layout (the analyses index it by CLIP position).
+            kept = used.nonzero().squeeze(1)
+            clip, clip_mask = clip[:, kept], clip_mask[:, kept]
+        language_mask = bert_mask.bool()
+        attentions = []
+        last = len(self.cross_layers) - 1
+        for i, layer in enumerate(self.cross_layers):
+            language, clip, probs = layer(language, language_mask, clip, clip_mask, output_attentions,
+                                          language_cls_only and i == last)
+            attentions.append(probs)
+        return language, clip, clip_mask, attentions, kept
+
+    def encode(self, bert_ids: torch.Tensor, bert_mask: torch.Tensor, clip_ids: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None, language_cls_only: bool = False,
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(language hidden states after the cross layers (B, L, H), CLIP stream states (B, n_blocks*77, W)).
+
+        Without cross layers the CLIP states are None and the language states are the encoder's output.
+        CLIP positions that hold no token in any window of the batch are zero. Finetuning the full model
+        (paper Table 8) classifies from the language [CLS]: `language_cls_only` returns it alone, (B, 1, H),
+        and no CLIP states, skipping the last cross layer's work that nothing reads.
+        """
+        language, clip, _, _, kept = self._encode(bert_ids, bert_mask, clip_ids, token_type_ids=token_type_ids,
+                                                  language_cls_only=language_cls_only)
+        if kept is not None and clip is not None:
+            full = clip.new_zeros(clip.shape[0], clip_ids.shape[1] * clip_ids.shape[2], clip.shape[2])
+            full[:, kept] = clip
+            clip = full
+        return language, clip
+
+    def forward(self, bert_ids: torch.Tensor, bert_mask: torch.Tensor, clip_ids: torch.Tensor | None = None,
+                mlm_labels: torch.Tensor | None = None, match_labels: torch.Tensor | None = None,
+                cliptc_labels: torch.Tensor | None = None, output_attentions: bool = False) -> dict[str, Any]:
+        """Losses of the enabled objectives whose labels are given, and their accuracy counts.
+
+        Returns `loss` (unweighted sum; absent when no labels were given), `<name>_loss`,
+        `<name>_count` and `<name>_correct` for each computed objective, and `cross_attentions`
+        (per layer {"language": (B, heads, L, C), "clip": (B, clip_heads, C, L)}) if asked.
+        Labels of objectives not in `config.losses` are ignored, so one batch format serves all variants.
+        """
+        language, clip, _, attentions, kept = self._encode(bert_ids, bert_mask, clip_ids, output_attentions)
+        out: dict[str, Any] = {}
+        total = []
+        if self.mlm_head is not None and mlm_labels is not None:
+            self._token_loss(out, "mlm", self.mlm_head, language, mlm_labels)
+            total.append(out["mlm_loss"])
+        if self.match_head is not None and match_labels is not None:
+            logits = self.match_head(language[:, 0])
+            out["match_loss"] = F.cross_entropy(logits.float(), match_labels)
+            out["match_count"] = torch.tensor(match_labels.numel(), device=logits.device)
+            out["match_correct"] = (logits.argmax(-1) == match_labels).sum().detach()
+            total.append(out["match_loss"])
+        if self.cliptc_head is not None and cliptc_labels is not None:
+            labels = cliptc_labels.reshape(clip.shape[0], -1)
+            if kept is not None:  # targets are real tokens, so none is at a dropped position
+                labels = labels[:, kept]
+            self._token_loss(out, "cliptc", self.cliptc_head, clip, labels, self.cliptc_classes, self.cliptc_class_of)
+            total.append(out["cliptc_loss"])
+        if total:
+            out["loss"] = torch.stack(total).sum()
+        if output_attentions:
+            out["cross_attentions"] = attentions
+        return out
+
+    @staticmethod
+    def _token_loss(out: dict, name: str, head: MaskedTokenHead, hidden: torch.Tensor, labels: torch.Tensor,
+                    classes: torch.Tensor | None = None, class_of: torch.Tensor | None = None) -> None:
+        """Vocabulary logits only at target positions: gather the rows first, then decode (n, vocab).
+        With `classes` (ids, and `class_of` mapping each id to its place), only those ids are scored."""
+        targets = labels != IGNORE_INDEX
+        rows, wanted = hidden[targets], labels[targets]
+        if classes is not None:
+            wanted = class_of[wanted]
+        if wanted.numel() == 0:
+            out[f"{name}_loss"] = hidden.sum() * 0.0  # keeps the graph; cross_entropy of nothing is NaN
+            out[f"{name}_count"] = torch.tensor(0, device=hidden.device)
+            out[f"{name}_correct"] = torch.tensor(0, device=hidden.device)
+            return
+        logits = head(rows, classes)
+        out[f"{name}_loss"] = F.cross_entropy(logits.float(), wanted)
+        out[f"{name}_count"] = torch.tensor(wanted.numel(), device=hidden.device)
+        out[f"{name}_correct"] = (logits.argmax(-1) == wanted).sum().detach()
+
+
+def _init_bert_style(module: nn.Module | None, std: float) -> None:
+    if module is None:
+        return
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+PARTS = ("encoder", "clip", "cross", "heads", "backbone", "all")
+
+
+def count_parameters(model: XDBertModel, part: str = "backbone") -> int:
+    """Parameters of one part, each shared tensor once.
+
+    encoder: the language encoder (Table 6 "BERT-b"); clip: CLIP tower or placeholder; cross: the cross
+    layers; backbone: encoder + clip + cross (Table 6 "XBERT-b", the full model without heads);
+    heads: what the pretraining heads add (tied decoders excluded); all: everything.
+    """
+    def unique(modules) -> dict[int, nn.Parameter]:
+        params = {}
+        for m in modules:
+            if isinstance(m, nn.Parameter):
+                params[id(m)] = m
+            elif m is not None:
+                params.update({id(p): p for p in m.parameters()})
+        return params
+
+    encoder = unique([model.encoder])
+    clip = unique([model.clip, model.placeholder])
+    cross = unique([model.cross_layers])
+    backbone = {**encoder, **clip, **cross}
+    everything = unique([model])
+    heads = {k: v for k, v in everything.items() if k not in backbone}
+    parts = {"encoder": encoder, "clip": clip, "cross": cross, "heads": heads, "backbone": backbone, "all": everything}
+    if part not in parts:
+        raise PipelineError(f"unknown part {part!r}; allowed: {', '.join(PARTS)}")
+    return sum(p.numel() for p in parts[part].values())
