@@ -49,24 +49,24 @@ def repo(tmp_path_factory) -> Path:
 
 
 def test_repro_runs_then_skips_then_reruns_only_what_changed(repo):
-    first = sh("dvc", "repro", "tokenize", cwd=repo)
-    assert ran(first) == {"corpus", "tokenize"}
+    first = sh("dvc", "repro", "dual_tokenize", cwd=repo)
+    assert ran(first) == {"corpus", "dual_tokenize"}
     assert (repo / "data/shards/manifest.json").is_file()
 
-    again = sh("dvc", "repro", "tokenize", cwd=repo)
+    again = sh("dvc", "repro", "dual_tokenize", cwd=repo)
     assert ran(again) == set() and "didn't change, skipping" in again
 
     p = yaml.safe_load((repo / "params.yaml").read_text())
     p["tokenize"]["max_len"] = 40
     (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
-    changed = sh("dvc", "repro", "tokenize", cwd=repo)
-    assert ran(changed) == {"tokenize"}
+    changed = sh("dvc", "repro", "dual_tokenize", cwd=repo)
+    assert ran(changed) == {"dual_tokenize"}
     assert yaml.safe_load((repo / "data/shards/manifest.json").read_text())["max_len"] == 40
 
 
 def test_exp_run_with_more_epochs_reruns_adapt_only(repo):
     first = sh("dvc", "repro", "adapt@mlm", cwd=repo)
-    assert {"pretrain_encoder", "pretrained", "adapt@mlm"} <= ran(first)  # both towers' stand-ins come first
+    assert {"pretrain_encoder", "pretrain_clip", "adapt@mlm"} <= ran(first)  # both towers' stand-ins come first
     clip = yaml.safe_load((repo / "metrics/pretrain_clip.json").read_text())
     assert clip["steps"] == 20 and clip["last_lm_loss"] < clip["first_lm_loss"]
     sh("git", "add", "-A", cwd=repo)
@@ -84,9 +84,9 @@ def test_the_whole_graph_runs_then_skips(repo):
     reports and pictures exist and link each other, and a second `dvc repro` runs nothing."""
     first = sh("dvc", "repro", cwd=repo)
     stages = {s.split("@")[0] for s in ran(first)} | {s for s in ran(first)}
-    # pretrain_encoder and pretrained ran, here or for adapt@mlm above
-    assert (repo / "models/pretrained/encoder/config.json").is_file()
-    assert (repo / "models/pretrained/clip/clip_config.json").is_file()
+    # pretrain_encoder and pretrain_clip ran, here or for adapt@mlm above
+    assert (repo / "models/pretrain_encoder/config.json").is_file()
+    assert (repo / "models/pretrain_clip/clip_config.json").is_file()
     for name in ("tasks", "adapt_baseline", "aggregate", "pwcca", "grounding", "attention"):
         assert name in stages, first
     for task in ("rte", "mrpc", "stsb", "cola"):

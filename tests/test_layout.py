@@ -1,0 +1,125 @@
+"""The layout's rules, checked: dvc.yaml's code deps cannot drift, no import cycles, small modules.
+
+Each stage lists exactly the `xdbert` modules its script runs: a module a stage imports (directly or through
+other modules, lazily inside a function or not, package `__init__`s included) but does not list is a code
+change that would silently not rerun the stage; a listed module it never imports reruns it for nothing.
+"""
+import ast
+import graphlib
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "xdbert"
+
+
+def module_file(name: str) -> Path | None:
+    """xdbert.a.b -> xdbert/a/b.py or xdbert/a/b/__init__.py (None outside the package or not a module)."""
+    if name != PACKAGE and not name.startswith(PACKAGE + "."):
+        return None
+    base = ROOT.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def with_packages(name: str) -> list[str]:
+    """Importing xdbert.a.b runs xdbert/__init__.py and xdbert/a/__init__.py first."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every xdbert module `path` imports anywhere in its body, by dotted name."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            out |= {m for m in with_packages(name) if module_file(m)}
+    return out
+
+
+def closure(script: Path) -> set[Path]:
+    """The script and every package module it runs, followed through imports transitively."""
+    seen: set[str] = set()
+    todo = list(imported_modules(script))
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += imported_modules(module_file(name))
+    return {script} | {module_file(m) for m in seen}
+
+
+def stages() -> dict[str, dict]:
+    text = (ROOT / "dvc.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)["stages"]
+
+
+def code_deps(stage: dict) -> set[Path]:
+    body = stage.get("do", stage)
+    return {ROOT / d for d in body.get("deps", []) if d.endswith(".py") and not d.startswith("${")}
+
+
+def script_of(stage: dict) -> Path:
+    body = stage.get("do", stage)
+    match = re.match(r"python (stages/\S+\.py)", body["cmd"])
+    assert match, f"stage command {body['cmd']!r} does not run a stages/ script"
+    return ROOT / match.group(1)
+
+
+@pytest.mark.parametrize("name", sorted(stages()))
+def test_stage_lists_exactly_the_modules_it_runs(name):
+    stage = stages()[name]
+    script = script_of(stage)
+    assert script.name == f"{name}.py" or name == "adapt_baseline", \
+        f"stage {name} runs {script.name}: a stage's script is stages/<stage name>.py"
+    needed, listed = closure(script), code_deps(stage)
+    rel = lambda paths: sorted(str(p.relative_to(ROOT)) for p in paths)  # noqa: E731
+    assert not needed - listed, f"dvc.yaml stage {name} misses deps it imports: {rel(needed - listed)}"
+    assert not listed - needed, f"dvc.yaml stage {name} lists modules it never imports: {rel(listed - needed)}"
+
+
+def test_the_check_sees_a_missing_dep(tmp_path):
+    """The closure follows lazy imports inside functions, and imports made by imported modules."""
+    script = tmp_path / "s.py"
+    script.write_text("def main():\n    from xdbert import io\n")  # io imports xdbert.errors inside a function
+    assert closure(script) == {script, *(ROOT / f"xdbert/{m}.py" for m in ("__init__", "io", "errors"))}
+
+
+def test_resource_deps_exist():
+    for stage in stages().values():
+        for dep in stage.get("do", stage).get("deps", []):
+            if dep.startswith("xdbert/"):
+                assert (ROOT / dep).exists(), f"dvc.yaml names {dep}, which does not exist"
+
+
+def package_modules() -> list[str]:
+    return sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                  for p in (ROOT / PACKAGE).rglob("*.py"))
+
+
+def test_no_import_cycles():
+    """Counting every import, lazy ones too; a package's `__init__` importing its own modules is no cycle."""
+    graph = {}
+    for name in package_modules():
+        deps = imported_modules(module_file(name)) - {name}
+        graph[name] = {d for d in deps if not name.startswith(d + ".")}  # a module's own parent packages
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as e:
+        pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
+
+
+def test_modules_stay_small():
+    sizes = {m: len(module_file(m).read_text(encoding="utf-8").splitlines()) for m in package_modules()}
+    assert max(sizes.values()) <= 520, f"modules over ~500 lines: { {m: n for m, n in sizes.items() if n > 520} }"
