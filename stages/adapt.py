@@ -6,7 +6,7 @@ Checkpoints go to checkpoints/adapt/<variant>.pt, outside DVC's outputs, so a ki
 """
 import sys
 
-from xdbert import io, params, paths
+from xdbert import params, paths, runlog
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ModelSettings
@@ -52,7 +52,8 @@ def main() -> None:
     save_adapted(xdbert, paths.adapted(variant), tokenizer_dir=paths.TOKENIZER)
     if variant != "baseline":
         save_full(xdbert, paths.crossmodal(variant))
-    io.write_json(paths.ADAPT_METRICS / f"{variant}.json", {"variant": variant, "profile": p["profile"], **metrics})
+    runlog.write_metrics(paths.ADAPT_METRICS / f"{variant}.json", {"variant": variant, "profile": p["profile"], **metrics},
+                         f"adapt@{variant}")
     checkpoint.unlink(missing_ok=True)  # the outputs are complete; the checkpoint has done its job
     print(f"adapt@{variant}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("valid_")))
 

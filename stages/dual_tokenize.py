@@ -12,6 +12,7 @@ one step at the end; a failed run leaves the previous ones as they were.
 from __future__ import annotations
 
 from xdbert import params as P
+from xdbert import runlog
 from xdbert.paths import CORPUS, SHARDS, TOKENIZER
 from xdbert.stage import run
 
@@ -28,6 +29,7 @@ def main() -> None:
     print(f"dual_tokenize: {w['train']} train / {w['valid']} valid windows in {s['shards']} shards, "
           f"CLIP overflow {o['train']:.2%} / {o['valid']:.2%}, {s['megabytes']:.1f} MB at {s['mb_per_s']:.2f} MB/s, "
           f"{sum(s['validated'].values())} windows validated against the reference tokenizers")
+    runlog.record("dual_tokenize", {"timings": runlog.split_timings(s)[1]})
 
 
 if __name__ == "__main__":

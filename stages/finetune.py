@@ -10,7 +10,7 @@ until all results are written, so a killed stage resumes with the seeds it had n
 import shutil
 import sys
 
-from xdbert import params, paths
+from xdbert import params, paths, runlog
 from xdbert.errors import PipelineError
 from xdbert.stage import run
 
@@ -49,6 +49,8 @@ def main() -> None:
             "seeds_list": settings.seeds, "workers": settings.workers, "lr_table": settings.lr,
         })
         print(f"finetune {task.name} {r.name}: median {task.metric} {metrics['headline']} over {len(results)} seeds -> {out}")
+    runlog.record(f"finetune@{task.name}", {"timings": {
+        r.name: {str(x["seed"]): runlog.split_timings(x)[1] for x in results} for r, results in zip(runs, all_results)}})
     shutil.rmtree(CHECKPOINTS / task.name, ignore_errors=True)  # every result is written: the seeds have done their job
 
 

@@ -10,7 +10,7 @@ downloaded. Embedded profile (`model.clip_pretrained: ""`): the stand-in for CLI
 tower trained `pretrain.clip_steps` steps as a causal language model on the CLIP blocks of the corpus
 (xdbert/adaptation/pretraining.py). Checkpoints go to checkpoints/pretrain_clip.pt, so a killed run resumes.
 """
-from xdbert import io, params, paths
+from xdbert import params, paths, runlog
 from xdbert.adaptation.settings import PretrainSettings
 from xdbert.model.settings import ModelSettings
 from xdbert.stage import run
@@ -40,7 +40,7 @@ def main() -> None:
         blocks = pretraining.shard_blocks(shards.open_shards(paths.SHARDS, "train"))
         metrics.update(pretraining.pretrain_clip(tower, blocks, clip_special_ids(model.clip)[1], settings, checkpoint))
     save_clip_tower(tower, paths.PRETRAIN_CLIP, model.clip, model.clip_pretrained)
-    io.write_json(paths.PRETRAIN_CLIP_METRICS, metrics)
+    runlog.write_metrics(paths.PRETRAIN_CLIP_METRICS, metrics, "pretrain_clip")
     checkpoint.unlink(missing_ok=True)  # the output is complete; the checkpoint has done its job
     how = f"{settings.steps} steps of next-token prediction, accuracy {metrics['first_lm_accuracy']:.3f} -> " \
           f"{metrics['last_lm_accuracy']:.3f}" if settings is not None else (model.clip_pretrained or "random init")

@@ -10,7 +10,7 @@ restated sentence pairs (xdbert/adaptation/pretraining.py); adaptation, the base
 start from it. A hub encoder (the paper profile) is already pretrained: the folder only records that it is
 used as downloaded. Checkpoints go to checkpoints/pretrain_encoder.pt, so a killed run resumes.
 """
-from xdbert import io, params, paths
+from xdbert import io, params, paths, runlog
 from xdbert.adaptation.settings import PretrainSettings
 from xdbert.model.settings import ModelSettings
 from xdbert.stage import run
@@ -33,7 +33,8 @@ def main() -> None:
         with io.atomic_path(out, is_dir=True) as tmp:
             tmp.mkdir(parents=True, exist_ok=True)
             (tmp / "README.md").write_text(f"`model.encoder: {model.encoder}` is pretrained already: stages load it as downloaded.\n")
-        io.write_json(paths.PRETRAIN_ENCODER_METRICS, {"profile": p["profile"], "encoder": model.encoder, "steps": 0})
+        runlog.write_metrics(paths.PRETRAIN_ENCODER_METRICS, {"profile": p["profile"], "encoder": model.encoder, "steps": 0},
+                             "pretrain_encoder")
         print(f"pretrain_encoder: {model.encoder} is used as downloaded")
         return
 
@@ -48,8 +49,8 @@ def main() -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         mlm.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    io.write_json(paths.PRETRAIN_ENCODER_METRICS, {"profile": p["profile"], "encoder": model.encoder,
-                                                   "sentences": len(sentences), **metrics})
+    runlog.write_metrics(paths.PRETRAIN_ENCODER_METRICS, {"profile": p["profile"], "encoder": model.encoder,
+                                                          "sentences": len(sentences), **metrics}, "pretrain_encoder")
     checkpoint.unlink(missing_ok=True)  # the output is complete; the checkpoint has done its job
     print(f"pretrain_encoder: {metrics['steps']} steps, MLM accuracy {metrics['first_mlm_accuracy']:.3f} -> "
           f"{metrics['last_mlm_accuracy']:.3f} -> {out}")

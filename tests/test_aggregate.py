@@ -45,30 +45,6 @@ def test_cached_replicates_give_the_same_interval_and_refuse_other_examples():
         compare(ra, other)
 
 
-def test_commit_stamp_marks_code_and_param_changes_but_not_pipeline_outputs(tmp_path, monkeypatch):
-    """`dvc repro` rewrites dvc.lock and tracked metrics while it runs; only code or params make a report
-    differ from its commit."""
-    import subprocess
-
-    from xdbert.reports.header import commit
-
-    def git(*args):
-        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
-
-    for name in ("params.yaml", "dvc.lock", "metrics.json"):
-        (tmp_path / name).write_text("a: 1\n")
-    git("init", "-q")
-    git("add", ".")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
-    monkeypatch.chdir(tmp_path)
-    assert not commit().endswith("+uncommitted changes")
-    (tmp_path / "dvc.lock").write_text("a: 2\n")
-    (tmp_path / "metrics.json").write_text("a: 2\n")
-    assert not commit().endswith("+uncommitted changes")
-    (tmp_path / "params.yaml").write_text("a: 2\n")
-    assert commit().endswith("+uncommitted changes")
-
-
 def test_adaptation_table_shows_match_beside_its_majority_class():
     from xdbert.reports.tables import adaptation_table
 

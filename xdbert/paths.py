@@ -45,6 +45,8 @@ ATTENTION_METRICS = Path("results/attention.json")
 
 # Resumable training state, outside every stage's outputs.
 CHECKPOINTS = Path("checkpoints")
+# Wall-clock times and the machine of each run (xdbert.runlog), outside every stage's outputs.
+RUN_LOG = Path("logs")
 
 
 def adapted(variant: str) -> Path:
