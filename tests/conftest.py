@@ -1,12 +1,14 @@
 import os
 
+import xdbert  # noqa: F401  first: it fixes the CPU kernels and thread counts before anything imports torch
+
 # Tests never touch the network: any hub request must fail at once, not after retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite runs on the CPU everywhere: several tests assert that two runs give bit-equal weights, which
-# holds for fp32 CPU kernels, not for bf16 autocast and cuBLAS, and `finetuning.plan_workers` would
+# holds for fp32 CPU kernels, not for bf16 autocast and cuBLAS, and `finetuning.grid.plan_workers` would
 # hand the grid to a GPU when it sees one. GPU checks are run on purpose (the bench scripts on a GPU
 # machine), not by pytest.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""

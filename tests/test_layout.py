@@ -93,7 +93,7 @@ def test_the_check_sees_a_missing_dep(tmp_path):
     """The closure follows lazy imports inside functions, and imports made by imported modules."""
     script = tmp_path / "s.py"
     script.write_text("def main():\n    from xdbert import io\n")  # io imports xdbert.errors inside a function
-    assert closure(script) == {script, *(ROOT / f"xdbert/{m}.py" for m in ("__init__", "io", "errors"))}
+    assert closure(script) == {script, *(ROOT / f"xdbert/{m}.py" for m in ("__init__", "numerics", "io", "errors"))}
 
 
 def test_resource_deps_exist():

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from xdbert import training
+from xdbert.numerics import FINETUNING_THREADS
 from xdbert.errors import PipelineError
 from xdbert.finetuning.job import Job
 from xdbert.finetuning.loop import train_seed
@@ -57,8 +58,9 @@ def plan_workers(n_runs: int, workers: int | str) -> tuple[list[str], int]:
     """(device of each worker, torch threads per worker; 0 = leave torch's setting alone).
 
     GPUs: one worker per GPU (at most `workers` when it is a number). CPU: `workers` processes
-    (auto = one per core, at most one per run), the cores split evenly between them; small models
-    train faster as several one-thread processes than as one process with several threads.
+    (auto = one per core, at most one per run) of one thread each: small models train faster as several
+    one-thread processes than as one process with several threads, and a run's bytes must not depend on
+    how many workers shared the machine (xdbert.numerics).
     """
     n_gpus = torch.cuda.device_count()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -68,7 +70,7 @@ def plan_workers(n_runs: int, workers: int | str) -> tuple[list[str], int]:
         n = cores if workers == "auto" else int(workers)
     n = max(1, min(n, n_runs))
     devices = [f"cuda:{i}" for i in range(n)] if n_gpus else ["cpu"] * n
-    return devices, (0 if n_gpus or n == 1 else max(1, cores // n))
+    return devices, (0 if n_gpus else FINETUNING_THREADS)
 
 
 def _cost(job: Job) -> tuple[int, int]:
@@ -90,7 +92,12 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = 1) -> list[
     jobs = [job for job, _ in work]
     devices, threads = plan_workers(len(runs), workers)
     if len(devices) == 1:
-        done = {(i, seed): train_or_resume(jobs[i], seed, devices[0]) for i, seed in runs}
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads or before)
+        try:
+            done = {(i, seed): train_or_resume(jobs[i], seed, devices[0]) for i, seed in runs}
+        finally:
+            torch.set_num_threads(before)
     else:
         # fork shares the tokenized data without copying; CUDA cannot be used after a fork, so GPUs spawn.
         context = multiprocessing.get_context("spawn" if devices[0].startswith("cuda") else "fork")

@@ -1,0 +1,57 @@
+"""What decides float results on a CPU, fixed before torch is imported, so a commit writes the same bytes
+on every x86-64 machine: the kernels' instruction set and the threads per process.
+
+torch (ATen), MKL and oneDNN each pick their kernels by the CPU's instruction set, and AVX-512 kernels sum
+in another order than AVX2 ones: the same commit wrote other models on AMD EPYC family 26 (AVX-512) than on
+family 23 (AVX2). Capping all three at AVX2, which every x86-64 CPU of the last decade has, made family 26
+write family 23's bytes, and cost no speed there (docs/notebook/embedded-profile.md). MKL's cap is
+`MKL_ENABLE_INSTRUCTIONS`; its `MKL_CBWR` reproducibility mode gave yet another result and is not used.
+
+The number of threads decides how a sum is split, so it changes the bytes too (the cross-machine check in
+tests/test_reproducibility.py gives three results for 1, 2 and 4 threads): every process computes with
+`THREADS` threads, whatever the machine has, and a finetuning run with one (xdbert.finetuning.grid).
+
+`import xdbert` applies all of this, so every stage, test and benchmark runs with it; torch reads the
+thread count when it is imported, so `xdbert` must be imported first. The values are set, not defaulted:
+a shell that exported others would change the bytes silently. Other CPU architectures ignore the caps.
+"""
+from __future__ import annotations
+
+import os
+
+CPU_KERNEL_CAPS = {
+    "ATEN_CPU_CAPABILITY": "avx2",      # torch's own vectorised kernels (softmax, GELU, LayerNorm, ...)
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # MKL's GEMMs (every Linear layer)
+    "ONEDNN_MAX_CPU_ISA": "AVX2",       # oneDNN primitives
+}
+THREADS = 2             # per process: the 2-core machines the embedded profile's dvc.lock was computed on
+FINETUNING_THREADS = 1  # per finetuning run: the grid runs several one-thread runs side by side
+THREAD_COUNTS = {"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
+
+
+def fix_cpu_numerics() -> None:
+    """Set the caps and thread counts in this process's environment; child processes inherit them."""
+    os.environ.update(CPU_KERNEL_CAPS)
+    os.environ.update(THREAD_COUNTS)
+
+
+def cpu_description() -> dict[str, str]:
+    """The CPU this process runs on, as /proc/cpuinfo names it (empty where there is none), and the
+    kernel level torch uses."""
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("vendor_id", "cpu family", "model", "model name") and key not in info:
+                    info[key] = value.strip()
+                if not line.strip() and info:
+                    break
+    except OSError:
+        pass
+    import torch
+
+    info["torch capability"] = torch.backends.cpu.get_cpu_capability()
+    info["torch threads"] = str(torch.get_num_threads())
+    return info
