@@ -106,3 +106,22 @@ def test_the_whole_graph_runs_then_skips(repo):
 
     again = sh("dvc", "repro", cwd=repo)
     assert ran(again) == set(), again
+
+
+def test_a_pushed_run_is_pulled_not_recomputed(repo, tmp_path):
+    """How a team shares a day's outputs: push them to a DVC remote; a fresh clone pulls them, `dvc status`
+    is clean and `dvc repro` runs nothing (runs after the whole graph above)."""
+    assert (repo / "reports/table1.md").is_file(), "needs test_the_whole_graph_runs_then_skips first"
+    remote = tmp_path / "remote"
+    sh("dvc", "remote", "add", "-d", "team", str(remote), cwd=repo)
+    sh("git", "add", "-A", cwd=repo)
+    sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "results", cwd=repo)
+    sh("dvc", "push", cwd=repo)
+
+    clone = tmp_path / "clone"
+    sh("git", "clone", "-q", str(repo), str(clone), cwd=tmp_path)
+    assert not (clone / "reports/table1.md").exists()
+    sh("dvc", "pull", cwd=clone)
+    assert (clone / "reports/table1.md").read_bytes() == (repo / "reports/table1.md").read_bytes()
+    assert "up to date" in sh("dvc", "status", cwd=clone)
+    assert ran(sh("dvc", "repro", cwd=clone)) == set()
