@@ -193,11 +193,3 @@ def write_corpus(splits: dict[str, list[str]], out_dir: str | Path) -> dict[str,
             pq.write_table(table, tmp / f"{split}.parquet")
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return stats
-
-
-def read_corpus(path: str | Path) -> pa.Table:
-    """One split written by `write_corpus` (doc_id, text)."""
-    path = Path(path)
-    if not path.is_file():
-        raise PipelineError(f"missing corpus split {path}: run `dvc repro corpus` first")
-    return pq.read_table(path)
