@@ -40,9 +40,9 @@ def test_atomic_dir_swaps_whole_directory(tmp_path):
 def test_params_read_exponent_floats_as_numbers(tmp_path):
     """PyYAML alone reads `1e-4` as a string (YAML 1.1); DVC and users mean the number."""
     path = tmp_path / "params.yaml"
-    path.write_text("profile: embedded\nadapt: {lr: 1e-4, warmup: 5.0e-2, epochs: 3, name: 1e, big: -2E+3}\n")
+    path.write_text("profile: embedded\nadapt: {lr: 1e-4, warmup_ratio: 5.0e-2, epochs: 3, precision: 1e, seed: -2E+3}\n")
     adapt = params.load(path)["adapt"]
-    assert adapt == {"lr": 1e-4, "warmup": 0.05, "epochs": 3, "name": "1e", "big": -2000.0}
+    assert adapt == {"lr": 1e-4, "warmup_ratio": 0.05, "epochs": 3, "precision": "1e", "seed": -2000.0}
     assert params.positive(adapt["lr"], "adapt.lr", float) == 1e-4
 
 
@@ -138,3 +138,30 @@ def test_profile_switch_refuses_bad_input_and_keeps_the_file(tmp_path):
     r = cli("profile", "paper", cwd=tmp_path)
     assert r.returncode == 2 and "not valid YAML" in r.stderr
     assert (tmp_path / "params.yaml").read_text() == "profile: embedded\nadapt: [unclosed\n"
+
+
+def test_every_profile_key_is_known_and_unknown_keys_are_refused(tmp_path):
+    for name in params.PROFILES:
+        values = profiles.values(name)
+        assert {s: tuple(v) for s, v in values.items() if isinstance(v, dict)}.keys() == params.KEYS.keys()
+        for section, keys in params.KEYS.items():
+            assert set(values[section]) <= set(keys)
+    assert {k for s in params.KEYS for k in params.KEYS[s]} == {
+        k for name in params.PROFILES for s, v in profiles.values(name).items() if isinstance(v, dict) for k in v}
+    path = tmp_path / "params.yaml"
+    path.write_text("profile: embedded\nadapt: {lrr: 1e-4}\n")
+    with pytest.raises(PipelineError, match=r"unknown param `adapt.lrr` \(did you mean `adapt.lr`\?\)"):
+        params.load(path)
+    path.write_text("profile: embedded\nfinetunes: {epochs: 3}\n")
+    with pytest.raises(PipelineError, match=r"unknown section `finetunes` in params.yaml \(did you mean `finetune`\?\)"):
+        params.load(path)
+
+
+def test_a_stage_refuses_a_misspelt_key_before_any_work(tmp_path):
+    text = profiles.render("embedded").replace("  n_docs: 900", "  n_doc: 900")
+    (tmp_path / "params.yaml").write_text(text)
+    r = subprocess.run([sys.executable, str(ROOT / "stages/corpus.py")], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["error: unknown param `corpus.n_doc` (did you mean `corpus.n_docs`?); "
+                                             "`corpus` has: source, hub_id, hub_config, n_docs, sentences_per_doc, seed"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing written

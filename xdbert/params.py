@@ -5,6 +5,7 @@ so a typo in `dvc exp run -S ...` fails in a second with a message, not an hour 
 """
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -14,6 +15,31 @@ import yaml
 from xdbert.errors import PipelineError
 
 PROFILES = ("embedded", "paper")
+
+# Every key params.yaml may hold, by section, so that a typo (`adapt.lrr`) stops every stage at once instead
+# of being ignored. The mappings under some keys (adapt.variants, finetune.lr, model.encoder_config, ...) are
+# checked by their section's settings object. tests/test_foundation.py keeps this equal to the profiles' keys.
+KEYS = {
+    "corpus": ("source", "hub_id", "hub_config", "n_docs", "sentences_per_doc", "seed"),
+    "tasks": ("source", "names", "train_size", "train_sizes", "dev_size", "read_path", "read_dev_fraction",
+              "glue_hub_id", "swag_hub_id", "seed"),
+    "model": ("encoder", "encoder_config", "clip", "clip_pretrained", "seed"),
+    "tokenize": ("vocab_size", "max_len", "n_blocks", "shard_windows", "max_overflow", "validate_windows", "workers"),
+    "pretrain": ("steps", "batch_size", "lr", "mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay",
+                 "max_len", "checkpoint_every", "seed", "clip_steps"),
+    "adapt": ("variants", "baseline", "losses", "cross_layers", "clip_heads", "placeholder", "freeze_clip",
+              "mlm_negatives", "loss_weights", "init_range", "cliptc_vocab", "epochs", "lr", "warmup_ratio",
+              "weight_decay", "batch_size", "micro_batch_size", "mlm_prob", "match_prob", "cliptc_prob",
+              "checkpoint_every", "eval_windows", "precision", "compile", "seed"),
+    "pwcca": ("electra", "clip_tower", "pairs", "eps", "weight_by", "min_words_ratio", "seed"),
+    "grounding": ("tasks", "baseline", "model", "threshold", "captions", "captions_hub_split", "captions_hub_column",
+                  "n_captions", "seed", "stopwords", "examples_task", "examples_per_class"),
+    "attention": ("variants", "task", "index", "max_len", "clip_blocks_per_sentence", "windows", "batch_size"),
+    "finetune": ("lr", "models", "ablations", "ablation_tasks", "full_models", "clip_tasks", "seeds", "rte_seeds",
+                 "epochs", "warmup_ratio", "batch_size", "eval_batch_size", "max_len", "weight_decay", "layer_lr_decay",
+                 "length_group", "clip_blocks_per_sentence", "dropout", "workers", "precision", "compile"),
+    "aggregate": ("n_boot", "seed"),
+}
 
 
 class Loader(yaml.SafeLoader):
@@ -48,7 +74,26 @@ def load(path: str | Path = "params.yaml") -> dict:
     except yaml.YAMLError as e:
         raise PipelineError(f"{path} is not valid YAML: {e}") from e
     choice(params.get("profile"), "profile", PROFILES)
+    check_keys(params)
     return params
+
+
+def check_keys(params: dict) -> None:
+    """Refuse a section or a key that no stage reads, naming the closest known one."""
+    for name, sec in params.items():
+        if name == "profile":
+            continue
+        if name not in KEYS:
+            raise PipelineError(f"unknown section `{name}` in params.yaml{_closest(name, KEYS)}; allowed: profile, {', '.join(KEYS)}")
+        for key in sec if isinstance(sec, dict) else ():
+            if key not in KEYS[name]:
+                raise PipelineError(f"unknown param `{name}.{key}`{_closest(key, KEYS[name], name + '.')}; "
+                                    f"`{name}` has: {', '.join(KEYS[name])}")
+
+
+def _closest(word: str, known, prefix: str = "") -> str:
+    match = difflib.get_close_matches(str(word), list(known), n=1)
+    return f" (did you mean `{prefix}{match[0]}`?)" if match else ""
 
 
 def section(params: dict, name: str) -> dict:
