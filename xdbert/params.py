@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -106,6 +106,11 @@ def get(sec: dict, key: str, where: str) -> Any:
     if key not in sec:
         raise PipelineError(f"missing param `{where}.{key}`")
     return sec[key]
+
+
+def getter(sec: dict, where: str) -> Callable[[str], Any]:
+    """`get(key)` for one section: its value, or a `PipelineError` naming `where.key` when it is missing."""
+    return lambda key: get(sec, key, where)
 
 
 def choice(value: Any, key: str, allowed: Iterable[Any]) -> Any:

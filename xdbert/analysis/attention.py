@@ -60,9 +60,7 @@ class AttentionSettings:
     @classmethod
     def from_params(cls, params: dict) -> "AttentionSettings":
         sec = P.section(params, "attention")
-
-        def get(key: str):
-            return P.get(sec, key, "attention")
+        get = P.getter(sec, "attention")
 
         variants = get("variants")
         if not isinstance(variants, list) or not variants or len(set(variants)) != len(variants):

@@ -76,9 +76,7 @@ class GroundingSettings:
     @classmethod
     def from_params(cls, params: dict) -> "GroundingSettings":
         sec = P.section(params, "grounding")
-
-        def get(key: str):
-            return P.get(sec, key, "grounding")
+        get = P.getter(sec, "grounding")
 
         tasks = P.subset(get("tasks"), "grounding.tasks", tuple(TASK_TITLES))
         threshold = P.positive(get("threshold"), "grounding.threshold")

@@ -64,9 +64,7 @@ class PwccaSettings:
     @classmethod
     def from_params(cls, params: dict) -> "PwccaSettings":
         sec = P.section(params, "pwcca")
-
-        def get(key: str):
-            return P.get(sec, key, "pwcca")
+        get = P.getter(sec, "pwcca")
 
         pairs = get("pairs")
         if not isinstance(pairs, list) or not pairs:

@@ -54,9 +54,7 @@ class CorpusSettings:
     @classmethod
     def from_params(cls, params: dict) -> "CorpusSettings":
         sec = P.section(params, "corpus")
-
-        def get(key: str):
-            return P.get(sec, key, "corpus")
+        get = P.getter(sec, "corpus")
 
         source = P.choice(get("source"), "corpus.source", SOURCES)
         if source == "hub":

@@ -35,9 +35,7 @@ class TasksSettings:
     @classmethod
     def from_params(cls, params: dict) -> "TasksSettings":
         sec = P.section(params, "tasks")
-
-        def get(key: str):
-            return P.get(sec, key, "tasks")
+        get = P.getter(sec, "tasks")
 
         source = P.choice(get("source"), "tasks.source", SOURCES)
         names = P.subset(get("names"), "tasks.names", TASK_NAMES)

@@ -47,8 +47,7 @@ class Settings:
 
     @classmethod
     def from_params(cls, sec: dict) -> "Settings":
-        def get(key: str):
-            return P.get(sec, key, "tokenize")
+        get = P.getter(sec, "tokenize")
 
         max_len = P.positive(get("max_len"), "tokenize.max_len")
         if not MIN_MAX_LEN <= max_len <= INT16_MAX:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
@@ -70,19 +70,24 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, model_max_length: int
     return BertTokenizer(vocab=vocab, do_lower_case=True, model_max_length=model_max_length)
 
 
+def _from_hub(load: Callable[[str], Any], name: str, what: str) -> Any:
+    """`load(name)` for a hub id or a local folder; offline, missing or unreadable -> one PipelineError."""
+    from xdbert.hub import hub_request
+
+    try:
+        with hub_request(what):
+            return load(name)
+    except PipelineError:
+        raise
+    except (OSError, ValueError) as e:
+        raise PipelineError(f"could not load {what}: {e}") from e
+
+
 def load_encoder_tokenizer(name: str):
     """`AutoTokenizer.from_pretrained(name)` (a hub id or a local folder); offline -> PipelineError."""
     from transformers import AutoTokenizer
 
-    from xdbert.hub import hub_request
-
-    try:
-        with hub_request(f"the tokenizer of `model.encoder: {name}`"):
-            tok = AutoTokenizer.from_pretrained(name)
-    except PipelineError:
-        raise
-    except (OSError, ValueError) as e:
-        raise PipelineError(f"could not load the tokenizer of `model.encoder: {name}`: {e}") from e
+    tok = _from_hub(AutoTokenizer.from_pretrained, name, f"the tokenizer of `model.encoder: {name}`")
     if getattr(tok, "backend_tokenizer", None) is None:
         raise PipelineError(f"the tokenizer of `model.encoder: {name}` has no fast (Rust) backend; the pipeline needs one")
     return tok
@@ -121,15 +126,7 @@ def encoder_positions(encoder: str, encoder_config: dict | None = None, tokenize
     if not Path(encoder).is_dir() or (Path(encoder) / "config.json").is_file():
         from transformers import AutoConfig
 
-        from xdbert.hub import hub_request
-
-        try:
-            with hub_request(f"the config of `model.encoder: {encoder}`"):
-                config = AutoConfig.from_pretrained(encoder)
-        except PipelineError:
-            raise
-        except (OSError, ValueError) as e:
-            raise PipelineError(f"could not load the config of `model.encoder: {encoder}`: {e}") from e
+        config = _from_hub(AutoConfig.from_pretrained, encoder, f"the config of `model.encoder: {encoder}`")
         if getattr(config, "max_position_embeddings", None):
             limits.append(int(config.max_position_embeddings))
     if tokenizer is not None and 0 < getattr(tokenizer, "model_max_length", 0) < 10**9:
