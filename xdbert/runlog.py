@@ -12,7 +12,7 @@ import re
 import time
 from typing import Any
 
-from xdbert import paths
+from xdbert import io, paths
 
 TIMING = re.compile(r"^(seconds|.*_seconds|mb_per_s)$")
 
@@ -45,8 +45,6 @@ def record(stage: str, entry: dict) -> None:
 
 def write_metrics(path, metrics: dict, stage: str) -> dict:
     """Write a stage's metrics file without its timings, which go to the run log; returns what was written."""
-    from xdbert import io
-
     kept, timings = split_timings(metrics)
     io.write_json(path, kept)
     record(stage, {"timings": timings or {}})

@@ -6,6 +6,7 @@ run's `Hyperparameters`, with the paper's Table 5 learning rate for the model's 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,9 +138,7 @@ class FinetuneSettings:
 
     def hyperparameters(self, size: str, model_kind: str) -> Hyperparameters:
         """The hyperparameters of a run on a `size` model (Table 5's base or large) of `model_kind`."""
-        return Hyperparameters(
-            lr=learning_rate(self.lr, self.task, size, model_kind), epochs=self.epochs, warmup_ratio=self.warmup_ratio,
-            batch_size=self.batch_size, eval_batch_size=self.eval_batch_size, max_len=self.max_len,
-            weight_decay=self.weight_decay, layer_lr_decay=self.layer_lr_decay, max_grad_norm=MAX_GRAD_NORM,
-            length_group=self.length_group, clip_blocks_per_sentence=self.clip_blocks_per_sentence,
-            dropout=self.dropout, precision=self.precision, compile=self.compile)
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(Hyperparameters)
+                  if f.name not in ("lr", "max_grad_norm")}  # the section's values, one for one
+        return Hyperparameters(lr=learning_rate(self.lr, self.task, size, model_kind), max_grad_norm=MAX_GRAD_NORM,
+                               **shared)

@@ -136,13 +136,12 @@ def _apply(doc: CommentedMap, changes: CommentedMap) -> None:
         if isinstance(value, CommentedMap) and not tagged and isinstance(doc.get(key), CommentedMap):
             _apply(doc[key], value)
             continue
-        if tagged:
-            value.yaml_set_ctag(None) if hasattr(value, "yaml_set_ctag") else None
         doc[key] = _untagged(value)
         _set_eol_comment(doc, key, _eol_comment(changes, key))
 
 
 def _untagged(value: Any) -> Any:
+    """A copy of an overlay mapping without its `!replace` tag, which params.yaml must not carry."""
     if isinstance(value, CommentedMap):
         out = CommentedMap()
         for k, v in value.items():
