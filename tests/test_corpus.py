@@ -166,12 +166,16 @@ def corpus_params(**overrides) -> dict:
     return params
 
 
-def test_settings_read_only_the_keys_of_their_source():
+def test_settings_keep_only_the_keys_of_their_source_and_check_every_key():
     assert CorpusSettings.from_params(values("embedded")) == CorpusSettings(
         "generated", n_docs=900, sentences_per_doc=30, seed=0)
-    # hub mode checks hub_id and hub_config only: a bad n_docs does not matter there
-    hub = CorpusSettings.from_params(corpus_params(source="hub", n_docs=0))
+    hub = CorpusSettings.from_params(corpus_params(source="hub"))
     assert hub == CorpusSettings("hub", hub_id="wikitext", hub_config=CONFIG)
+    # a key the source does not read is checked all the same: the error shows before a switch of source
+    with pytest.raises(PipelineError, match="`corpus.n_docs` must be a positive integer; got 0"):
+        CorpusSettings.from_params(corpus_params(source="hub", n_docs=0))
+    with pytest.raises(PipelineError, match="`corpus.hub_id` must be a non-empty string; got 5"):
+        CorpusSettings.from_params(corpus_params(hub_id=5))
 
 
 @pytest.mark.parametrize("overrides, message", [

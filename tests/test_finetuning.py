@@ -497,6 +497,12 @@ def test_runs_of_a_task_follow_the_tables():
     (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "full": 0}}}, "`finetune.lr.sst2.full` must be a positive number"),
     (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "xl": 1e-3}}}, "`finetune.lr.sst2` has unknown keys ['xl']; allowed: base, large, full"),
     (("sst2",), {"full_models": ["tiny"]}, "model folder models/crossmodal/tiny is missing"),
+    # every task's rates are checked in every task's stage, and the table names tasks only
+    (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3}, "rte": {"base": "fast", "large": 1e-3}}},
+     "`finetune.lr.rte.base` must be a positive number; got 'fast'"),
+    (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3}, "rtee": {"base": 1e-3, "large": 1e-3}}},
+     "unknown entry of `finetune.lr` 'rtee'; allowed: rte, mrpc"),
+    (("sst2",), {"ablation_tasks": ["boolq"]}, "unknown entry of `finetune.ablation_tasks` 'boolq'"),
     (("sst2", "extra"), None, "usage: python stages/finetune.py TASK"),
 ])
 def test_stage_rejects_bad_input_before_any_work(workdir, args, change, message, monkeypatch, capsys):

@@ -468,8 +468,9 @@ def test_simple_baselines_learn_every_generated_task(generated):
 # ------------------------------------------------------------------------------------------------
 
 def run_stage(cwd: Path, **overrides) -> subprocess.CompletedProcess:
-    params = {"profile": "embedded", "tasks": {"source": "generated", "names": ["rte", "mnli", "swag", "read"],
-                                               "train_size": 30, "dev_size": 12, "read_path": "", "seed": 0}}
+    params = {"profile": "embedded", "tasks": {**values("embedded")["tasks"], "source": "generated",
+                                               "names": ["rte", "mnli", "swag", "read"], "train_size": 30,
+                                               "train_sizes": {}, "dev_size": 12, "read_path": "", "seed": 0}}
     params["tasks"].update(overrides)
     (cwd / "params.yaml").write_text(yaml.safe_dump(params))
     return subprocess.run([sys.executable, str(ROOT / "stages" / "tasks.py")], cwd=cwd, capture_output=True, text=True)
@@ -512,14 +513,21 @@ def tasks_params(**overrides) -> dict:
     return params
 
 
-def test_settings_read_only_the_keys_of_their_source():
+def test_settings_keep_only_the_keys_of_their_source_and_check_every_key():
     s = TasksSettings.from_params(values("embedded"))
     assert (s.source, s.names, s.seed) == ("generated", TASK_NAMES, 0)
     assert (s.train_size, s.train_sizes, s.dev_size) == (500, {"qnli": 2000, "swag": 1000}, 200)
-    assert s.glue_hub_id is None and s.read_path is None  # hub keys are not read for generated tasks
-    hub = TasksSettings.from_params(tasks_params(source="hub", names=["rte", "read"], read_path="train.csv", train_size=0))
+    assert s.glue_hub_id is None and s.read_path is None  # hub keys are not kept for generated tasks
+    hub = TasksSettings.from_params(tasks_params(source="hub", names=["rte", "read"], read_path="train.csv"))
     assert (hub.glue_hub_id, hub.swag_hub_id, hub.read_path, hub.read_dev_fraction) == ("nyu-mll/glue", None, "train.csv", 0.1)
     assert hub.train_size is None
+    # a key the source does not read is checked all the same: the error shows before a switch of source
+    with pytest.raises(PipelineError, match="`tasks.train_size` must be a positive integer; got 0"):
+        TasksSettings.from_params(tasks_params(source="hub", train_size=0))
+    with pytest.raises(PipelineError, match="`tasks.read_dev_fraction` must be a number between 0 and 1"):
+        TasksSettings.from_params(tasks_params(read_dev_fraction=2))
+    with pytest.raises(PipelineError, match="`tasks.swag_hub_id` must be a non-empty string"):
+        TasksSettings.from_params(tasks_params(source="hub", names=["rte"], swag_hub_id=None))
 
 
 SETTINGS_ERRORS = [

@@ -1,4 +1,4 @@
-"""The `xdbert` console script: switching profiles; the pipeline itself runs through `dvc repro`."""
+"""The `xdbert` console script: switching profiles, checking params; the pipeline itself runs through `dvc repro`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +28,7 @@ def profile(
         try:
             current = params.load(params_file)
         except PipelineError as e:
-            typer.echo(f"error: {e}; fix it (or delete {params_file}) and rerun", err=True)
+            typer.echo(f"error: {' '.join(str(e).split())}; fix it (or delete {params_file}) and rerun", err=True)
             raise typer.Exit(2)
         changes, removed = profiles.user_changes(current, profiles.values(current["profile"]))
         verb = "dropped" if reset else "kept"
@@ -40,6 +40,20 @@ def profile(
             changes = {}
     io.write_text(params_file, profiles.render(name, changes))
     typer.echo(f"{params_file}: profile {name}. Run `dvc repro` (or `dvc exp run`) to rebuild what changed.")
+
+
+@app.command()
+def check(params_file: Path = typer.Argument(Path("params.yaml"), help="the params file to check")) -> None:
+    """Run every stage's params check on PARAMS_FILE at once, writing nothing: each value, and the names one
+    section gives another. What only files or the hub can tell, each stage checks when it starts."""
+    from xdbert.params_check import check_file  # the settings of every stage: not paid by `xdbert profile`
+
+    try:
+        p = check_file(params_file)
+    except PipelineError as e:
+        typer.echo("error: " + " ".join(str(e).split()), err=True)  # one line, as a stage prints it
+        raise typer.Exit(2)
+    typer.echo(f"{params_file}: valid ({p['profile']} profile); every stage's params check passes")
 
 
 @app.command()

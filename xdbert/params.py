@@ -6,6 +6,7 @@ so a typo in `dvc exp run -S ...` fails in a second with a message, not an hour 
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -73,6 +74,8 @@ def load(path: str | Path = "params.yaml") -> dict:
         params = read_yaml(path) or {}
     except yaml.YAMLError as e:
         raise PipelineError(f"{path} is not valid YAML: {e}") from e
+    if not isinstance(params, dict):
+        raise PipelineError(f"{path} must be a mapping of sections (profile, corpus, tasks, ...); got {type(params).__name__}")
     choice(params.get("profile"), "profile", PROFILES)
     check_keys(params)
     return params
@@ -132,9 +135,9 @@ def subset(values: Any, key: str, allowed: Iterable[Any], nonempty: bool = True)
 
 
 def positive(value: Any, key: str, kind: type = int) -> Any:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int:
-        ok = ok and float(value).is_integer()
+    ok = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and math.isfinite(value))
+    if kind is int:  # 2.0 is 2; YAML's .inf and .nan are no sizes, nor rates
+        ok = ok and (isinstance(value, int) or value.is_integer())
     if not ok or value <= 0:
         what = "a positive integer" if kind is int else "a positive number"
         raise PipelineError(f"`{key}` must be {what}; got {value!r}")
@@ -164,3 +167,20 @@ def non_negative(value: Any, key: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise PipelineError(f"`{key}` must be a non-negative integer; got {value!r}")
     return value
+
+
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def variant_names(params: dict) -> list[str]:
+    """The names of `adapt.variants`, checked. A name is a stage (`adapt@<name>`) and a folder
+    (models/adapted/<name>), so a plain word, and never `baseline`, the MLM-only run's own name."""
+    variants = get(section(params, "adapt"), "variants", "adapt")
+    if not isinstance(variants, dict):
+        raise PipelineError(f"`adapt.variants` must map variant names to the adapt keys they change, e.g. "
+                            f"{{xdbert: {{}}, mlm: {{losses: [mlm]}}}}; got {variants!r}")
+    for name in variants:
+        if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name) or name == "baseline":
+            raise PipelineError(f"`adapt.variants` has the name {name!r}: a variant's name must be letters, digits, _ and - "
+                                f"(it names the stage adapt@<name> and its folders), and not `baseline`")
+    return list(variants)

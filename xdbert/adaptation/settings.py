@@ -31,8 +31,8 @@ class PretrainSettings:
     def from_params(cls, params: dict) -> "PretrainSettings":
         """The encoder's stand-in (stage `pretrain_encoder`): `pretrain.steps` of MLM on restated pairs."""
         values = _values(P.section(params, "pretrain"), [f.name for f in fields(cls)])
-        for key in ("steps", "batch_size", "max_len", "checkpoint_every"):
-            P.positive(values[key], f"pretrain.{key}")
+        for key in ("steps", "batch_size", "max_len", "checkpoint_every"):  # stored as integers: `steps: 2.0` passes
+            values[key] = P.positive(values[key], f"pretrain.{key}")
         P.positive(values["lr"], "pretrain.lr", float)
         for key in ("mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay"):
             P.fraction(values[key], f"pretrain.{key}")
@@ -52,7 +52,7 @@ class PretrainSettings:
             return None
         values = _values(s, [f.name for f in fields(cls) if f.name != "steps"])
         for key in ("batch_size", "checkpoint_every"):
-            P.positive(values[key], f"pretrain.{key}")
+            values[key] = P.positive(values[key], f"pretrain.{key}")
         P.positive(values["lr"], "pretrain.lr", float)
         for key in ("warmup_ratio", "weight_decay"):
             P.fraction(values[key], f"pretrain.{key}")
@@ -97,18 +97,17 @@ class AdaptSettings:
     def from_params(cls, params: dict, variant: str) -> "AdaptSettings":
         """Variant `variant` (a key of `adapt.variants`, or `baseline`), every value checked."""
         a = P.section(params, "adapt")
-        if variant == "baseline":
-            overrides = a.get("baseline") or {}
-        else:
-            variants = a.get("variants") or {}
-            P.choice(variant, "`adapt.variants` entry", [*variants, "baseline"])
-            overrides = variants[variant] or {}
+        names = P.variant_names(params)
+        if variant != "baseline":
+            P.choice(variant, "`adapt.variants` entry", [*names, "baseline"])
+        overrides = a.get("baseline") if variant == "baseline" else a["variants"][variant]
+        overrides = {} if overrides is None else overrides  # `name:` or `name: {}`: the defaults as they are
         where = f"adapt.variants.{variant}" if variant != "baseline" else "adapt.baseline"
         if not isinstance(overrides, dict):
             raise PipelineError(f"`{where}` must map adapt keys to the values this variant changes; got {overrides!r}")
-        unknown = set(overrides) - set(a)
+        unknown = set(overrides) - (set(a) - set(NOT_SETTINGS))
         if unknown:
-            raise PipelineError(f"adapt.variants.{variant} overrides unknown keys {sorted(unknown)}; allowed: {sorted(k for k in a if k not in NOT_SETTINGS)}")
+            raise PipelineError(f"{where} overrides unknown keys {sorted(unknown, key=str)}; allowed: {sorted(k for k in a if k not in NOT_SETTINGS)}")
         s = {k: v for k, v in a.items() if k not in NOT_SETTINGS} | overrides
 
         def key_of(key: str) -> str:  # name the key the value came from: the variant's override or the default
@@ -118,23 +117,34 @@ class AdaptSettings:
         if missing:
             raise PipelineError(f"missing param `adapt.{missing[0]}`")
         P.subset(s["losses"], key_of("losses"), LOSSES)
-        P.positive(s["epochs"], key_of("epochs"))
+        if len(set(s["losses"])) != len(s["losses"]):
+            raise PipelineError(f"`{key_of('losses')}` lists a loss twice: {s['losses']}")
+        # integers as integers: `epochs: 2.0` passes the check, and the loop counts with what is stored
+        for key in ("epochs", "batch_size", "micro_batch_size", "checkpoint_every", "eval_windows", "clip_heads"):
+            s[key] = P.positive(s[key], key_of(key))
+        if s["micro_batch_size"] > s["batch_size"]:
+            raise PipelineError(f"`{key_of('micro_batch_size')}` ({s['micro_batch_size']}) must be at most `{key_of('batch_size')}` "
+                                f"({s['batch_size']}): a forward pass holds a share of one optimizer step's windows")
         P.positive(s["lr"], key_of("lr"), float)
-        for key in ("batch_size", "micro_batch_size", "checkpoint_every", "eval_windows", "clip_heads"):
-            P.positive(s[key], key_of(key))
-        if s["cross_layers"] < 0 or (s["cross_layers"] == 0 and s["losses"] != ["mlm"]):
-            raise PipelineError(f"`{key_of('cross_layers')}` must be >= 1 (0 only for the MLM-only baseline); got {s['cross_layers']}")
-        for key in ("warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob"):
-            P.fraction(s[key], key_of(key))
         for key in ("placeholder", "freeze_clip", "mlm_negatives", "compile"):
             P.flag(s[key], key_of(key))
+        cross = s["cross_layers"]
+        if not isinstance(cross, int) or isinstance(cross, bool) or cross < 0 or (cross == 0 and (s["losses"] != ["mlm"] or s["placeholder"])):
+            raise PipelineError(f"`{key_of('cross_layers')}` must be >= 1 (0 only for the MLM-only baseline); got {cross!r}")
+        if s["placeholder"] and set(s["losses"]) & {"match", "cliptc"}:
+            # as the model refuses it (XDBertConfig.validate), but before the heavy imports
+            raise PipelineError(f"`{key_of('placeholder')}: true` replaces the CLIP text, so losses match and cliptc are impossible; "
+                                f"use `losses: [mlm]` (got `{key_of('losses')}: {s['losses']}`)")
+        for key in ("warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob"):
+            P.fraction(s[key], key_of(key))
         P.choice(s["precision"], key_of("precision"), ("auto", "bf16", "no"))
         P.choice(s["cliptc_vocab"], key_of("cliptc_vocab"), ("full", "shards"))
         weights = s["loss_weights"]
-        if not isinstance(weights, dict) or set(weights) - set(LOSSES):
-            raise PipelineError(f"`{key_of('loss_weights')}` must map losses ({', '.join(LOSSES)}) to weights; got {weights!r}")
-        for name, w in weights.items():
-            P.positive(w, f"{key_of('loss_weights')}.{name}", float)
+        if weights is not None:  # None: every loss weighs 1 (the paper)
+            if not isinstance(weights, dict) or set(weights) - set(LOSSES):
+                raise PipelineError(f"`{key_of('loss_weights')}` must map losses ({', '.join(LOSSES)}) to weights; got {weights!r}")
+            for name, w in weights.items():
+                P.positive(w, f"{key_of('loss_weights')}.{name}", float)
         if s["init_range"] is not None:
             P.positive(s["init_range"], key_of("init_range"), float)
         P.non_negative(s["seed"], key_of("seed"))

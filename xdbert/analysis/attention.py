@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from xdbert import params as P
-from xdbert.data.tasks.registry import get_task
+from xdbert.data.tasks.registry import TASK_NAMES, get_task
 from xdbert.errors import PipelineError
 from xdbert.paths import crossmodal
 
@@ -58,22 +58,25 @@ class AttentionSettings:
     batch_size: int
 
     @classmethod
-    def from_params(cls, params: dict) -> "AttentionSettings":
+    def from_params(cls, params: dict, files: bool = True) -> "AttentionSettings":
+        """`files`: also check that every variant's cross-modal model is saved (False: the values only, as
+        `xdbert check`)."""
         sec = P.section(params, "attention")
         get = P.getter(sec, "attention")
 
         variants = get("variants")
-        if not isinstance(variants, list) or not variants or len(set(variants)) != len(variants):
+        if not isinstance(variants, list) or not variants or not all(isinstance(v, str) and v for v in variants) \
+                or len(set(variants)) != len(variants):
             raise PipelineError(f"`attention.variants` must be a non-empty list of adapt variants without repeats; got {variants!r}")
-        for v in variants:
+        for v in variants if files else ():
             if not (crossmodal(str(v)) / "xdbert_config.json").is_file():
                 raise PipelineError(f"missing {crossmodal(str(v))}: run its adapt stage first (`dvc repro adapt@{v}`), or "
                                     f"remove `{v}` from `attention.variants`")
-        task = get("task")
+        task = P.choice(get("task"), "attention.task", TASK_NAMES)
         if get_task(task).kind == "multiple_choice":
             raise PipelineError("`attention.task` must be a sentence or sentence-pair task, not multiple choice (e.g. rte)")
         index = sec.get("index")
-        if not isinstance(index, int) or isinstance(index, bool):
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise PipelineError(f"`attention.index` must be the integer idx of a dev example; got {index!r}")
         sizes = {key: P.positive(get(key), f"attention.{key}")
                  for key in ("max_len", "clip_blocks_per_sentence", "windows", "batch_size")}

@@ -55,9 +55,9 @@ def predictions_path(model: str, task: str) -> Path:
 class GroundingSettings:
     """The `grounding` params section, checked, with the predictions it compares present.
 
-    `captions` is `generated` (reads n_captions, seed), a COCO captions `.json` file, or a `datasets` id
-    or folder (reads captions_hub_split, captions_hub_column); keys of the other kinds stay None.
-    `stopwords` empty or absent: the shipped NLTK English list.
+    `captions` is `generated` (keeps n_captions, seed), a COCO captions `.json` file, or a `datasets` id
+    or folder (keeps captions_hub_split, captions_hub_column); every key is checked whatever the kind, the
+    keys of the other kinds stay None. `stopwords` empty or absent: the shipped NLTK English list.
     """
 
     tasks: tuple[str, ...]
@@ -74,7 +74,9 @@ class GroundingSettings:
     examples_per_class: int
 
     @classmethod
-    def from_params(cls, params: dict) -> "GroundingSettings":
+    def from_params(cls, params: dict, files: bool = True) -> "GroundingSettings":
+        """`files`: also check that the caption file and the predictions it compares exist (False: the values
+        only, as `xdbert check`)."""
         sec = P.section(params, "grounding")
         get = P.getter(sec, "grounding")
 
@@ -85,25 +87,28 @@ class GroundingSettings:
         captions = get("captions")
         if not isinstance(captions, str) or not captions:
             raise PipelineError("`grounding.captions` must be `generated`, a COCO captions .json file or a datasets id")
-        n_captions = seed = hub_split = hub_column = None
-        if captions == "generated":
-            n_captions = P.positive(get("n_captions"), "grounding.n_captions")
-            seed = P.non_negative(get("seed"), "grounding.seed")
-        elif captions.endswith(".json"):
-            if not Path(captions).is_file():
-                raise PipelineError(f"missing caption file {captions} (`grounding.captions`): download MSCOCO's "
-                                    f"annotations_trainval2017.zip and give annotations/captions_train2017.json, or use `generated`")
-        else:
-            hub_split = P.nonempty_str(get("captions_hub_split"), "grounding.captions_hub_split")
-            hub_column = P.nonempty_str(get("captions_hub_column"), "grounding.captions_hub_column")
-        baseline, model = get("baseline"), get("model")
-        for run in (baseline, model):
+        n_captions, seed = P.positive(get("n_captions"), "grounding.n_captions"), P.non_negative(get("seed"), "grounding.seed")
+        hub_split = P.nonempty_str(get("captions_hub_split"), "grounding.captions_hub_split")
+        hub_column = P.nonempty_str(get("captions_hub_column"), "grounding.captions_hub_column")
+        if captions != "generated":
+            n_captions = seed = None
+        if captions == "generated" or captions.endswith(".json"):
+            hub_split = hub_column = None
+        if files and captions.endswith(".json") and not Path(captions).is_file():
+            raise PipelineError(f"missing caption file {captions} (`grounding.captions`): download MSCOCO's "
+                                f"annotations_trainval2017.zip and give annotations/captions_train2017.json, or use `generated`")
+        baseline = P.nonempty_str(get("baseline"), "grounding.baseline")
+        model = P.nonempty_str(get("model"), "grounding.model")
+        for run in (baseline, model) if files else ():
             for task in tasks:
                 if not predictions_path(run, task).is_file():
                     raise PipelineError(f"missing {predictions_path(run, task)}: run the finetune stage of model `{run}` on "
                                         f"task `{task}` first (`dvc repro` runs it)")
+        stopwords = sec.get("stopwords")
+        if stopwords is not None and not isinstance(stopwords, str):
+            raise PipelineError(f'`grounding.stopwords` must be a stopword file, or "" for the shipped NLTK English list; got {stopwords!r}')
         return cls(tuple(tasks), baseline, model, threshold, captions, n_captions, seed, hub_split, hub_column,
-                   sec.get("stopwords") or None, examples_task, examples_per_class)
+                   stopwords or None, examples_task, examples_per_class)
 
     @property
     def names(self) -> tuple[str, str]:

@@ -49,8 +49,8 @@ PAPER = {("encoder", "electra"): 0.5498, ("encoder", "clip"): 0.4980, ("electra"
 class PwccaSettings:
     """The `pwcca` params section, checked.
 
-    `electra` is read only when a pair uses it; `eps` is kept as written (it is reported as given);
-    `clip_tower` empty means the tower the adaptation starts from (`models/pretrain_clip`).
+    `electra` is kept only when a pair uses it (None otherwise); `eps` is kept as written (it is reported as
+    given); `clip_tower` empty means the tower the adaptation starts from (`models/pretrain_clip`).
     """
 
     pairs: tuple[tuple[str, str], ...]
@@ -62,7 +62,8 @@ class PwccaSettings:
     clip_tower: str
 
     @classmethod
-    def from_params(cls, params: dict) -> "PwccaSettings":
+    def from_params(cls, params: dict, files: bool = True) -> "PwccaSettings":
+        """`files`: also check that `clip_tower` is a saved tower (False: the values only, as `xdbert check`)."""
         sec = P.section(params, "pwcca")
         get = P.getter(sec, "pwcca")
 
@@ -73,20 +74,24 @@ class PwccaSettings:
             if not isinstance(pair, list) or len(pair) != 2 or pair[0] == pair[1]:
                 raise PipelineError(f"entry {pair!r} of `pwcca.pairs` must be two different systems, e.g. [encoder, clip]")
             P.subset(pair, "pwcca.pairs entry", SYSTEMS)
-        electra = None
-        if any("electra" in pair for pair in pairs):
-            electra = get("electra")
-            if not electra:
-                raise PipelineError("`pwcca.pairs` uses `electra` but `pwcca.electra` is empty: give an ELECTRA hub id or folder "
-                                    "(google/electra-base-discriminator) or drop those pairs")
-        eps = sec.get("eps")
-        if not isinstance(eps, (int, float)) or eps < 0:
+        electra = get("electra")
+        if not isinstance(electra, str):
+            raise PipelineError(f'`pwcca.electra` must be an ELECTRA hub id or folder, or "" for none; got {electra!r}')
+        if not any("electra" in pair for pair in pairs):
+            electra = None
+        elif not electra.strip():
+            raise PipelineError("`pwcca.pairs` uses `electra` but `pwcca.electra` is empty: give an ELECTRA hub id or folder "
+                                "(google/electra-base-discriminator) or drop those pairs")
+        eps = get("eps")
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < float("inf"):  # not NaN either
             raise PipelineError(f"`pwcca.eps` must be a number >= 0; got {eps!r}")
         weight_by = P.choice(get("weight_by"), "pwcca.weight_by", WEIGHT_VIEWS)
         min_words_ratio = P.positive(get("min_words_ratio"), "pwcca.min_words_ratio", float)
         seed = P.non_negative(get("seed"), "pwcca.seed")
         clip_tower = get("clip_tower")
-        if clip_tower and not (Path(clip_tower) / "clip_config.json").is_file():
+        if not isinstance(clip_tower, str):
+            raise PipelineError(f'`pwcca.clip_tower` must be a saved CLIP tower folder, or "" for {PRETRAIN_CLIP}; got {clip_tower!r}')
+        if files and clip_tower and not (Path(clip_tower) / "clip_config.json").is_file():
             raise PipelineError(f"`pwcca.clip_tower: {clip_tower}` is not a saved CLIP tower folder (no clip_config.json); "
                                 f"leave it empty for the tower the adaptation starts from ({PRETRAIN_CLIP})")
         return cls(tuple(tuple(pair) for pair in pairs), electra, eps, weight_by, min_words_ratio, seed, clip_tower)

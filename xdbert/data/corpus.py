@@ -41,8 +41,9 @@ SCHEMA = pa.schema([("doc_id", pa.string()), ("text", pa.string())])
 
 @dataclass(frozen=True)
 class CorpusSettings:
-    """The `corpus` params section, checked. Only the keys of the chosen `source` are read and
-    checked (`hub`: hub_id, hub_config; `generated`: n_docs, sentences_per_doc, seed); the others stay None."""
+    """The `corpus` params section, checked. Every key is checked whatever the `source`, so a bad value
+    shows before a switch of source, not after; only the chosen source's keys are kept (`hub`: hub_id,
+    hub_config; `generated`: n_docs, sentences_per_doc, seed), the others stay None."""
 
     source: str
     hub_id: str | None = None
@@ -57,12 +58,12 @@ class CorpusSettings:
         get = P.getter(sec, "corpus")
 
         source = P.choice(get("source"), "corpus.source", SOURCES)
-        if source == "hub":
-            return cls(source, hub_id=P.nonempty_str(get("hub_id"), "corpus.hub_id"),
-                       hub_config=P.nonempty_str(get("hub_config"), "corpus.hub_config"))
-        return cls(source, n_docs=P.positive(get("n_docs"), "corpus.n_docs"),
-                   sentences_per_doc=P.positive(get("sentences_per_doc"), "corpus.sentences_per_doc"),
-                   seed=P.non_negative(get("seed"), "corpus.seed"))
+        hub = dict(hub_id=P.nonempty_str(get("hub_id"), "corpus.hub_id"),
+                   hub_config=P.nonempty_str(get("hub_config"), "corpus.hub_config"))
+        generated = dict(n_docs=P.positive(get("n_docs"), "corpus.n_docs"),
+                         sentences_per_doc=P.positive(get("sentences_per_doc"), "corpus.sentences_per_doc"),
+                         seed=P.non_negative(get("seed"), "corpus.seed"))
+        return cls(source, **(hub if source == "hub" else generated))
 
     def load(self, cache_dir: str | None = None) -> dict[str, list[str]]:
         """The documents per split (`load_corpus` with this source's keys)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xdbert import params
-from xdbert.data.tasks.registry import TaskSpec
+from xdbert.data.tasks.registry import TASK_NAMES, TaskSpec
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import Study
 
@@ -78,16 +78,16 @@ def seeds_key(task: TaskSpec) -> str:
     return "rte_seeds" if task.name == "rte" else "seeds"
 
 
-def _rates(lr: Any, task: TaskSpec) -> None:
-    rates = lr.get(task.name) if isinstance(lr, dict) else None
+def _rates(lr: dict, name: str) -> None:
+    rates = lr.get(name)
     if not isinstance(rates, dict):
-        raise PipelineError(f"`finetune.lr.{task.name}` must map base, large (and optionally full, the full cross-modal "
+        raise PipelineError(f"`finetune.lr.{name}` must map base, large (and optionally full, the full cross-modal "
                             f"model) to learning rates; got {rates!r}")
-    unknown = sorted(set(rates) - {"base", "large", "full"})
+    unknown = sorted(set(rates) - {"base", "large", "full"}, key=str)
     if unknown:
-        raise PipelineError(f"`finetune.lr.{task.name}` has unknown keys {unknown}; allowed: base, large, full (the full cross-modal model)")
+        raise PipelineError(f"`finetune.lr.{name}` has unknown keys {unknown}; allowed: base, large, full (the full cross-modal model)")
     for size in ("base", "large", *(["full"] if "full" in rates else [])):
-        params.positive(rates.get(size), f"finetune.lr.{task.name}.{size}", float)
+        params.positive(rates.get(size), f"finetune.lr.{name}.{size}", float)
 
 
 @dataclass(frozen=True)
@@ -129,12 +129,19 @@ class FinetuneSettings:
         s["precision"] = params.choice(params.get(f, "precision", "finetune"), "finetune.precision", PRECISIONS)
         s["compile"] = params.flag(params.get(f, "compile", "finetune"), "finetune.compile")
         lr = params.get(f, "lr", "finetune")
-        _rates(lr, task)
+        if not isinstance(lr, dict):
+            raise PipelineError(f"`finetune.lr` must map tasks to their rates, e.g. {{rte: {{base: 1.0e-4, large: 5.0e-5}}}}; got {lr!r}")
+        params.subset(list(lr), "finetune.lr", TASK_NAMES, nonempty=False)
+        for name in dict.fromkeys([task.name, *lr]):  # every task's rates, this task's first: a typo shows in any stage
+            _rates(lr, name)
         seeds = seed_list(f, seeds_key(task), "finetune")
         workers = params.get(f, "workers", "finetune")
         if workers != "auto":
             workers = params.positive(workers, "finetune.workers")
-        return cls(task=task, **s, lr=lr, seeds=seeds, workers=workers, study=Study.from_params(f))
+        study = Study.from_params(f)
+        for key in ("ablation_tasks", "clip_tasks"):
+            params.subset(getattr(study, key), f"finetune.{key}", TASK_NAMES, nonempty=False)
+        return cls(task=task, **s, lr=lr, seeds=seeds, workers=workers, study=study)
 
     def hyperparameters(self, size: str, model_kind: str) -> Hyperparameters:
         """The hyperparameters of a run on a `size` model (Table 5's base or large) of `model_kind`."""

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from xdbert import params as P
 from xdbert.errors import PipelineError
 
+# The transformers config keys of `encoder_config` the profiles set, checked here. Sizes must be integers as
+# written: stages pass the mapping to transformers as it is in params.yaml. Any other key goes to the config
+# unchecked (transformers has hundreds, per model type).
+CONFIG_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings")
+CONFIG_FRACTIONS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+
 
 @dataclass(frozen=True)
 class ModelSettings:
@@ -24,9 +30,20 @@ class ModelSettings:
     def from_params(cls, params: dict) -> "ModelSettings":
         m = P.section(params, "model")
         encoder = P.nonempty_str(P.get(m, "encoder", "model"), "model.encoder")
-        encoder_config = m.get("encoder_config") or {}
-        if not isinstance(encoder_config, dict):
+        encoder_config = m.get("encoder_config")
+        if encoder_config is None:  # absent, or `encoder_config:` with nothing after it: no overrides
+            encoder_config = {}
+        if not isinstance(encoder_config, dict) or not all(isinstance(k, str) for k in encoder_config):
             raise PipelineError(f"`model.encoder_config` must map transformers config keys to values; got {encoder_config!r}")
+        for key, value in encoder_config.items():
+            if key in CONFIG_SIZES and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise PipelineError(f"`model.encoder_config.{key}` must be a positive integer; got {value!r}")
+            if key in CONFIG_FRACTIONS:
+                P.fraction(value, f"model.encoder_config.{key}")
+        width, heads = encoder_config.get("hidden_size"), encoder_config.get("num_attention_heads")
+        if width and heads and width % heads:
+            raise PipelineError(f"`model.encoder_config.hidden_size` ({width}) must be a multiple of "
+                                f"`model.encoder_config.num_attention_heads` ({heads}): each head takes an equal share")
         clip = P.nonempty_str(P.get(m, "clip", "model"), "model.clip")
         clip_pretrained = P.get(m, "clip_pretrained", "model")
         if not isinstance(clip_pretrained, str):

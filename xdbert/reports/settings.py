@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdbert import params
-from xdbert.data.tasks.registry import TaskSpec, get_task
+from xdbert.data.tasks.registry import TASK_NAMES, TaskSpec, get_task
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import Study
 from xdbert.finetuning.settings import seed_list
@@ -34,7 +34,7 @@ class AggregateSettings:
         seed = params.get(agg, "seed", "aggregate")
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise PipelineError(f"`aggregate.seed` must be a non-negative integer; got {seed!r}")
-        names = params.get(params.section(p, "tasks"), "names", "tasks")
+        names = params.subset(params.get(params.section(p, "tasks"), "names", "tasks"), "tasks.names", TASK_NAMES)
         model, pretrain = params.section(p, "model"), params.section(p, "pretrain")
         return cls(profile=p["profile"], n_boot=n_boot, seed=seed, tasks=[get_task(t) for t in names],
                    study=Study.from_params(f), seeds=seed_list(f, "seeds", "finetune"),

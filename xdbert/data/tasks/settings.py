@@ -16,9 +16,10 @@ SOURCES = ("generated", "hub")
 class TasksSettings:
     """The `tasks` params section, checked.
 
-    Always read: source, names, seed. `generated` also reads train_size, train_sizes (per-task
-    overrides, may be empty) and dev_size; `hub` reads glue_hub_id (if a GLUE task is named),
-    swag_hub_id (if `swag` is), read_path and read_dev_fraction (if `read` is). Keys not read stay None.
+    Every key is checked whatever the `source`, so a bad value shows before a switch of source, not
+    after. Kept: source, names, seed; for `generated` also train_size, train_sizes (per-task overrides,
+    may be empty) and dev_size; for `hub` glue_hub_id (if a GLUE task is named), swag_hub_id (if `swag`
+    is), read_path and read_dev_fraction (if `read` is). Keys not kept stay None.
     """
 
     source: str
@@ -43,31 +44,35 @@ class TasksSettings:
             raise PipelineError(f"`tasks.names` lists a task twice: {names}")
         common = dict(source=source, names=tuple(names), seed=P.non_negative(get("seed"), "tasks.seed"))
 
+        train_size = P.positive(get("train_size"), "tasks.train_size")
+        train_sizes = sec.get("train_sizes")
+        if train_sizes is None:  # absent, or `train_sizes:` with nothing after it: no overrides
+            train_sizes = {}
+        if not isinstance(train_sizes, dict):
+            raise PipelineError(f"`tasks.train_sizes` must map task names to sizes, e.g. {{qnli: 2000}}; got {train_sizes!r}")
+        P.subset(list(train_sizes), "tasks.train_sizes", TASK_NAMES, nonempty=False)
+        train_sizes = {name: P.positive(size, f"tasks.train_sizes.{name}") for name, size in train_sizes.items()}
+        dev_size = P.positive(get("dev_size"), "tasks.dev_size")
+        hub_ids = {key: P.nonempty_str(get(key), f"tasks.{key}") for key in ("glue_hub_id", "swag_hub_id")}
+        read_path = get("read_path")
+        if not isinstance(read_path, str):
+            raise PipelineError(f"`tasks.read_path` must be a path or hub id of CommonLit's train.csv, or \"\" without `read`; got {read_path!r}")
+        frac = get("read_dev_fraction")
+        if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac < 1:
+            raise PipelineError(f"`tasks.read_dev_fraction` must be a number between 0 and 1 (exclusive); got {frac!r}")
         if source == "generated":
-            train_size = P.positive(get("train_size"), "tasks.train_size")
-            train_sizes = sec.get("train_sizes") or {}
-            if not isinstance(train_sizes, dict):
-                raise PipelineError(f"`tasks.train_sizes` must map task names to sizes, e.g. {{qnli: 2000}}; got {train_sizes!r}")
-            P.subset(list(train_sizes), "tasks.train_sizes", TASK_NAMES, nonempty=False)
-            for name, size in train_sizes.items():
-                P.positive(size, f"tasks.train_sizes.{name}")
-            dev_size = P.positive(get("dev_size"), "tasks.dev_size")
             return cls(**common, train_size=train_size, train_sizes=dict(train_sizes), dev_size=dev_size)
 
         hub: dict = {}
         if set(names) - {"swag", "read"}:
-            hub["glue_hub_id"] = P.nonempty_str(get("glue_hub_id"), "tasks.glue_hub_id")
+            hub["glue_hub_id"] = hub_ids["glue_hub_id"]
         if "swag" in names:
-            hub["swag_hub_id"] = P.nonempty_str(get("swag_hub_id"), "tasks.swag_hub_id")
+            hub["swag_hub_id"] = hub_ids["swag_hub_id"]
         if "read" in names:
-            hub["read_path"] = get("read_path")
-            if not isinstance(hub["read_path"], str) or not hub["read_path"].strip():
+            if not read_path.strip():
                 raise PipelineError("`tasks.read_path` is empty but `read` is in `tasks.names`: give the path of the Kaggle "
                                     "commonlitreadabilityprize train.csv (or a hub id with its columns), or drop `read`")
-            frac = get("read_dev_fraction")
-            if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac < 1:
-                raise PipelineError(f"`tasks.read_dev_fraction` must be a number between 0 and 1 (exclusive); got {frac!r}")
-            hub["read_dev_fraction"] = float(frac)
+            hub["read_path"], hub["read_dev_fraction"] = read_path, float(frac)
         return cls(**common, **hub)
 
     def load(self, name: str) -> dict[str, pa.Table]:

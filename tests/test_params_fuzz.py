@@ -1,0 +1,493 @@
+"""Params fuzzing (hypothesis): `xdbert check` on generated params files.
+
+`SCHEMA` gives every leaf key of the profiles its kind: values that pass, values of a wrong type, values of the
+right type out of range. From it, each generated params file is a profile with
+  (a) one value of a wrong type, (b) one value out of range, or (c) one unknown key or section: the check
+      exits 2 with one line, `error: ...`, naming the key, and writes nothing;
+  (d) valid values for one or several keys (the cross-key rules kept), maybe a new adapt variant: it passes.
+(a), (b) and (d) run for every key of the schema (parametrized), wherever it occurs in any profile: about 760
+params files in all (`FILES`), in some 15 seconds. They go through the command in this process (typer's
+CliRunner); three fixed files through a real `xdbert check` subprocess. Derandomized: every run checks the
+same files, so CI is reproducible; raise `FUZZ` (or drop `derandomize`) to search wider by hand.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Callable
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from xdbert import params as P
+from xdbert import profiles
+from xdbert.analysis.grounding import TASK_TITLES
+from xdbert.cli import app
+from xdbert.data.tasks.registry import TASK_NAMES
+from xdbert.finetuning.runs import Study
+from xdbert.model import LOSSES
+
+FUZZ = {"wrong_type": 2, "out_of_range": 2, "unknown_key": 30, "valid": 2}  # examples per key (per test for unknown_key)
+FUZZ_SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+# -- building blocks ---------------------------------------------------------------------------------------
+
+WORD = st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True)
+NAME = st.from_regex(r"[A-Za-z][A-Za-z0-9_./:-]{0,20}", fullmatch=True)  # hub ids, folders, model names
+NOT_INTEGER = st.floats(-1e6, 1e6).filter(lambda x: not x.is_integer())
+OTHER_TYPES = {"text": WORD, "int": st.integers(-5, 10**6), "float": NOT_INTEGER, "bool": st.booleans(),
+               "none": st.none(), "list": st.lists(st.integers(0, 9), max_size=2),
+               "dict": st.dictionaries(WORD, st.integers(0, 9), max_size=2)}
+
+
+def wrong(*allowed: str) -> st.SearchStrategy:
+    """Values of every type but `allowed` (a float that is an integer counts as an int)."""
+    return st.one_of(*[s for kind, s in OTHER_TYPES.items() if kind not in allowed])
+
+
+UNKNOWN = WORD.map(lambda w: f"{w}_unknown")  # no task, variant or run is called so
+NOT_POSITIVE_INT = st.integers(-10**6, 0)
+NOT_POSITIVE = st.one_of(st.floats(max_value=0, allow_nan=False), st.sampled_from([math.nan, math.inf]))
+NOT_FRACTION = st.one_of(st.floats(min_value=1, exclude_min=True), st.floats(max_value=0, exclude_max=True),
+                         st.just(math.nan))
+EMPTY = st.sampled_from(["", "  "])
+
+Strategy = Callable[[dict, tuple], "st.SearchStrategy | None"]  # (params, path) -> values, None: no such value
+
+
+@dataclass(frozen=True)
+class Spec:
+    valid: Strategy   # values that pass, given the rest of the params (`valid_value` keeps the cross-key rules)
+    wrong: st.SearchStrategy
+    bad: Strategy     # values of the right type out of range
+
+
+def spec(valid, wrong_type, bad=None) -> Spec:
+    def fn(s):
+        return s if callable(s) else (lambda p, path: s)
+    return Spec(fn(valid), wrong_type, fn(bad))
+
+
+def pos_int(hi: int = 10**6) -> Spec:
+    return spec(st.integers(1, hi), wrong("int"), NOT_POSITIVE_INT)
+
+
+def non_negative() -> Spec:
+    return spec(st.integers(0, 2**32), wrong("int"), st.integers(max_value=-1))
+
+
+def pos_float(hi: float = 10.0) -> Spec:
+    return spec(st.floats(1e-7, hi), wrong("int", "float"), NOT_POSITIVE)
+
+
+def fraction() -> Spec:
+    return spec(st.floats(0, 1), wrong("int", "float"), NOT_FRACTION)
+
+
+def choice(*options) -> Spec:
+    return spec(st.sampled_from(options), wrong("text"), WORD.filter(lambda w: w not in options))
+
+
+def names(options: Callable[[dict], list], required: Callable[[dict], list] = lambda p: [], min_size: int = 0,
+          bad: Strategy | None = None) -> Spec:
+    """A list of distinct names drawn from `options(p)`, holding `required(p)`."""
+    def valid(p, path):
+        need = required(p)
+        return st.lists(st.sampled_from(options(p)), unique=True, max_size=6).map(
+            lambda more: need + [x for x in more if x not in need]).filter(lambda v: len(v) >= min_size)
+    return spec(valid, wrong("list"), bad if bad is not None else st.lists(UNKNOWN, min_size=1, max_size=2))
+
+
+FLAG = spec(st.booleans(), wrong("bool"))
+HUB_NAME = spec(NAME, wrong("text"), EMPTY)
+SEEDS = spec(st.lists(st.integers(-5, 10**6), min_size=1, max_size=9, unique=True), wrong("list"),
+             st.one_of(st.just([]), st.integers(0, 9).map(lambda s: [s, s])))
+ADAPT_VARIANTS = lambda p: list(p["adapt"]["variants"])  # noqa: E731
+
+
+def pick(options: list, fallback: Any) -> st.SearchStrategy:
+    return st.sampled_from(options) if options else st.just(fallback)
+
+
+def runs_of_every_grounding_task(p: dict) -> list[str]:
+    study = Study.from_params(p["finetune"])
+    runs = [[r.name for r in study.runs(task)] for task in p["grounding"]["tasks"]]
+    return [name for name in runs[0] if all(name in r for r in runs)]
+
+
+def encoder_positions(p: dict) -> int | None:
+    """The bound of tokenize.max_len that the check knows: a random encoder's max_position_embeddings."""
+    m = p["model"]
+    return (m["encoder_config"] or {}).get("max_position_embeddings") if m["encoder"].startswith("random:") else None
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, min(n, 64) + 1) if n % d == 0]
+
+
+# Adapt keys a valid variant may override, each with the adapt key's spec (`valid_value` keeps the rules).
+OVERRIDABLE = ("losses", "cross_layers", "clip_heads", "freeze_clip", "mlm_negatives", "init_range", "cliptc_vocab",
+               "epochs", "lr", "warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob", "eval_windows",
+               "precision", "compile", "seed")
+
+
+def overrides(p: dict, path: tuple) -> st.SearchStrategy:
+    return st.fixed_dictionaries({}, optional={k: SCHEMA[f"adapt.{k}"].valid(p, path + (k,)) for k in OVERRIDABLE})
+
+
+# -- the schema: every leaf key of the profiles ---------------------------------------------------------------
+
+SCHEMA: dict[str, Spec] = {
+    "profile": choice(*P.PROFILES),
+    "corpus.source": choice("generated", "hub"),
+    "corpus.hub_id": HUB_NAME, "corpus.hub_config": HUB_NAME,
+    "corpus.n_docs": pos_int(), "corpus.sentences_per_doc": pos_int(), "corpus.seed": non_negative(),
+
+    "tasks.source": choice("generated", "hub"),
+    "tasks.names": names(lambda p: list(TASK_NAMES), min_size=1,
+                         required=lambda p: list(dict.fromkeys([*p["grounding"]["tasks"], p["attention"]["task"]])),
+                         bad=st.one_of(st.just([]), st.just(["rte", "rte"]), st.lists(UNKNOWN, min_size=1, max_size=2))),
+    "tasks.train_size": pos_int(), "tasks.dev_size": pos_int(),
+    "tasks.train_sizes": spec(st.dictionaries(st.sampled_from(TASK_NAMES), st.integers(1, 10**5), max_size=3),
+                              wrong("dict", "none"), st.dictionaries(WORD.filter(lambda w: w not in TASK_NAMES),
+                                                                     st.integers(1, 9), min_size=1, max_size=1)),
+    "tasks.train_sizes.*": pos_int(),
+    "tasks.read_path": spec(st.one_of(st.just(""), NAME), wrong("text"),
+                            lambda p, path: EMPTY if p["tasks"]["source"] == "hub" and "read" in p["tasks"]["names"] else None),
+    "tasks.read_dev_fraction": spec(st.floats(0, 1, exclude_min=True, exclude_max=True), wrong("float"),
+                                    st.one_of(st.sampled_from([0, 1, 0.0, 1.0, math.nan]), NOT_FRACTION)),
+    "tasks.glue_hub_id": HUB_NAME, "tasks.swag_hub_id": HUB_NAME, "tasks.seed": non_negative(),
+
+    "model.encoder": spec(st.one_of(st.sampled_from(["random:bert", "random:electra", "bert-base-uncased"]), NAME),
+                          wrong("text"), EMPTY),
+    "model.clip": HUB_NAME,
+    "model.clip_pretrained": spec(st.one_of(st.just(""), NAME), wrong("text")),
+    "model.seed": non_negative(),
+    "model.encoder_config.hidden_size": spec(
+        lambda p, path: st.integers(1, 64).map(lambda k: k * (p["model"]["encoder_config"].get("num_attention_heads") or 1)),
+        wrong("int"), lambda p, path: st.one_of(NOT_POSITIVE_INT, st.just(p["model"]["encoder_config"]["num_attention_heads"] + 1))),
+    "model.encoder_config.num_attention_heads": spec(
+        lambda p, path: st.sampled_from(divisors(p["model"]["encoder_config"]["hidden_size"])), wrong("int"),
+        lambda p, path: st.one_of(NOT_POSITIVE_INT, st.just(p["model"]["encoder_config"]["hidden_size"] + 1))),
+    "model.encoder_config.num_hidden_layers": pos_int(48),
+    "model.encoder_config.intermediate_size": pos_int(8192),
+    "model.encoder_config.max_position_embeddings": spec(
+        lambda p, path: st.integers(p["tokenize"]["max_len"] if encoder_positions(p) else 1, 4096), wrong("int"), NOT_POSITIVE_INT),
+    "model.encoder_config.hidden_dropout_prob": fraction(),
+    "model.encoder_config.attention_probs_dropout_prob": fraction(),
+
+    "tokenize.vocab_size": pos_int(), "tokenize.n_blocks": spec(st.integers(1, 425), wrong("int"),
+                                                              st.one_of(NOT_POSITIVE_INT, st.integers(426, 10**5))),
+    "tokenize.max_len": spec(lambda p, path: st.integers(8, min(encoder_positions(p) or 32767, 32767)), wrong("int"),
+                             lambda p, path: st.one_of(st.integers(-10, 7), st.integers((encoder_positions(p) or 32767) + 1, 10**5))),
+    "tokenize.shard_windows": pos_int(), "tokenize.max_overflow": fraction(),
+    "tokenize.validate_windows": non_negative(), "tokenize.workers": pos_int(64),
+
+    **{f"pretrain.{k}": pos_int() for k in ("steps", "batch_size", "max_len", "checkpoint_every")},
+    "pretrain.lr": pos_float(),
+    **{f"pretrain.{k}": fraction() for k in ("mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay")},
+    "pretrain.seed": non_negative(), "pretrain.clip_steps": non_negative(),
+
+    "adapt.variants.*": spec(overrides, wrong("dict", "none"), st.just({"nope": 1})),
+    "adapt.losses": spec(st.lists(st.sampled_from(LOSSES), min_size=1, unique=True), wrong("list"),
+                         st.sampled_from([[], ["itm"], ["mlm", "mlm"]])),
+    "adapt.cross_layers": spec(st.integers(0, 6), wrong("int"),
+                               lambda p, path: st.integers(-9, -1) if path[:2] == ("adapt", "baseline") else st.integers(-9, 0)),
+    "adapt.clip_heads": pos_int(16),
+    "adapt.placeholder": spec(st.booleans(), wrong("bool"), lambda p, path: None if path[1] != "placeholder" else st.just(True)),
+    "adapt.freeze_clip": FLAG, "adapt.mlm_negatives": FLAG, "adapt.compile": FLAG,
+    **{f"adapt.loss_weights.{name}": pos_float(100.0) for name in LOSSES},
+    "adapt.init_range": spec(st.one_of(st.none(), st.floats(1e-5, 1.0)), wrong("int", "float", "none"), NOT_POSITIVE),
+    "adapt.cliptc_vocab": choice("full", "shards"),
+    "adapt.epochs": pos_int(50), "adapt.lr": pos_float(),
+    **{f"adapt.{k}": fraction() for k in ("warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob")},
+    "adapt.batch_size": spec(lambda p, path: st.integers(p["adapt"]["micro_batch_size"], 4096), wrong("int"),
+                             lambda p, path: st.integers(-9, p["adapt"]["micro_batch_size"] - 1)),
+    "adapt.micro_batch_size": spec(lambda p, path: st.integers(1, p["adapt"]["batch_size"]), wrong("int"),
+                                   lambda p, path: st.one_of(NOT_POSITIVE_INT, st.integers(p["adapt"]["batch_size"] + 1, 10**5))),
+    "adapt.checkpoint_every": pos_int(), "adapt.eval_windows": pos_int(),
+    "adapt.precision": choice("auto", "bf16", "no"), "adapt.seed": non_negative(),
+
+    "pwcca.electra": spec(st.one_of(st.just(""), NAME), wrong("text"),
+                          lambda p, path: EMPTY if any("electra" in pair for pair in p["pwcca"]["pairs"]) else None),
+    "pwcca.clip_tower": spec(st.one_of(st.just(""), NAME), wrong("text")),
+    "pwcca.pairs": spec(lambda p, path: st.lists(st.permutations(
+                            ["encoder", "clip", "random", *(["electra"] if p["pwcca"]["electra"] else [])]).map(lambda s: s[:2]),
+                            min_size=1, max_size=4),
+                        wrong("list"), st.sampled_from([[], [["encoder", "encoder"]], [["encoder", "bert"]], [["clip"]], ["clip"]])),
+    "pwcca.eps": spec(st.one_of(st.floats(0, 1e-2), st.just(0)), wrong("int", "float"),
+                      st.one_of(st.floats(max_value=0, exclude_max=True), st.sampled_from([math.nan, math.inf]))),
+    "pwcca.weight_by": choice("x", "y", "smaller"), "pwcca.min_words_ratio": pos_float(50.0), "pwcca.seed": non_negative(),
+
+    "grounding.tasks": names(lambda p: [t for t in TASK_TITLES if t in p["tasks"]["names"]],
+                             required=lambda p: [p["grounding"]["examples_task"]],
+                             bad=st.one_of(st.just([]), st.just(["swag"]), st.lists(UNKNOWN, min_size=1, max_size=1))),
+    "grounding.baseline": spec(lambda p, path: st.sampled_from(runs_of_every_grounding_task(p)), wrong("text"),
+                               st.one_of(EMPTY, UNKNOWN)),
+    "grounding.threshold": pos_int(),
+    "grounding.captions": spec(st.one_of(st.sampled_from(["generated", "data/coco/captions_train2017.json"]), NAME),
+                               wrong("text"), st.just("")),
+    "grounding.captions_hub_split": HUB_NAME, "grounding.captions_hub_column": HUB_NAME,
+    "grounding.n_captions": pos_int(), "grounding.seed": non_negative(),
+    "grounding.stopwords": spec(st.one_of(st.just(""), NAME), wrong("text", "none")),
+    "grounding.examples_task": spec(lambda p, path: st.sampled_from(p["grounding"]["tasks"]), wrong("text"),
+                                    lambda p, path: st.sampled_from([t for t in TASK_NAMES if t not in p["grounding"]["tasks"]])),
+    "grounding.examples_per_class": pos_int(100),
+
+    "attention.variants": names(ADAPT_VARIANTS, min_size=1,
+                                bad=st.one_of(st.just([]), st.just(["xdbert", "xdbert"]), st.just(["baseline"]),
+                                              st.lists(UNKNOWN, min_size=1, max_size=1))),
+    "attention.task": spec(lambda p, path: pick([t for t in p["tasks"]["names"] if t != "swag"], "rte"), wrong("text"),
+                           lambda p, path: st.sampled_from(["swag", "wnli", *[t for t in TASK_NAMES if t not in p["tasks"]["names"]]])),
+    "attention.index": non_negative(),
+    **{f"attention.{k}": pos_int(1024) for k in ("max_len", "clip_blocks_per_sentence", "windows", "batch_size")},
+
+    **{f"finetune.lr.*.{size}": pos_float(1.0) for size in ("base", "large", "full")},
+    "finetune.models": names(lambda p: [*ADAPT_VARIANTS(p), "baseline"], required=lambda p: ["baseline", "xdbert"]),
+    "finetune.ablations": names(lambda p: [*ADAPT_VARIANTS(p), "baseline"]),
+    "finetune.full_models": names(ADAPT_VARIANTS, required=lambda p: ["xdbert"], bad=st.just(["baseline"])),
+    "finetune.ablation_tasks": names(lambda p: list(TASK_NAMES)),
+    "finetune.clip_tasks": names(lambda p: list(TASK_NAMES)),
+    "finetune.seeds": SEEDS, "finetune.rte_seeds": SEEDS,
+    "finetune.epochs": pos_int(100), "finetune.batch_size": pos_int(4096), "finetune.eval_batch_size": pos_int(4096),
+    "finetune.max_len": spec(st.integers(1, 512), wrong("int"), st.one_of(NOT_POSITIVE_INT, st.integers(513, 10**5))),
+    "finetune.layer_lr_decay": spec(st.floats(0, 1, exclude_min=True), wrong("int", "float"),
+                                    st.one_of(st.sampled_from([0, 0.0, 1.5, math.nan]), st.floats(max_value=0))),
+    **{f"finetune.{k}": fraction() for k in ("warmup_ratio", "weight_decay", "dropout")},
+    "finetune.length_group": pos_int(1000), "finetune.clip_blocks_per_sentence": pos_int(16),
+    "finetune.workers": spec(st.one_of(st.just("auto"), st.integers(1, 64)), wrong("int", "text"),
+                             st.one_of(NOT_POSITIVE_INT, WORD.filter(lambda w: w != "auto"))),
+    "finetune.precision": choice("auto", "bf16", "no"), "finetune.compile": FLAG,
+
+    "aggregate.n_boot": pos_int(), "aggregate.seed": non_negative(),
+}
+SCHEMA["grounding.model"] = SCHEMA["grounding.baseline"]
+
+
+def schema_key(path: tuple) -> str:
+    """The SCHEMA key of a leaf: a variant's override has its adapt key's spec; task names are `*`."""
+    if path[:2] == ("adapt", "variants"):
+        return "adapt.variants.*" if len(path) == 3 else "adapt." + ".".join(path[3:])
+    if path[:2] == ("adapt", "baseline"):
+        return "adapt." + ".".join(path[2:])
+    if path[:2] == ("finetune", "lr"):
+        return f"finetune.lr.*.{path[3]}"
+    if path[:2] == ("tasks", "train_sizes") and len(path) == 3:
+        return "tasks.train_sizes.*"
+    return ".".join(path)
+
+
+# -- the cross-key rules the valid values keep (xdbert/adaptation/settings.py, xdbert/model/settings.py,
+#    xdbert/data/tasks/settings.py, xdbert/analysis/pwcca.py, xdbert/params_check.py) --------------------------
+
+def rules_kept(p: dict) -> bool:
+    a, m, t, f, g = p["adapt"], p["model"], p["tasks"], p["finetune"], p["grounding"]
+    for name in [*a["variants"], "baseline"]:
+        s = {**a, **((a["baseline"] if name == "baseline" else a["variants"][name]) or {})}
+        if s["micro_batch_size"] > s["batch_size"] or (s["placeholder"] and set(s["losses"]) & {"match", "cliptc"}):
+            return False
+        if s["cross_layers"] == 0 and (s["losses"] != ["mlm"] or s["placeholder"]):
+            return False
+    cfg = m["encoder_config"] or {}
+    if cfg.get("hidden_size", 1) % cfg.get("num_attention_heads", 1) or p["tokenize"]["max_len"] > (encoder_positions(p) or 32767):
+        return False
+    if t["source"] == "hub" and "read" in t["names"] and not t["read_path"].strip():
+        return False
+    if any("electra" in pair for pair in p["pwcca"]["pairs"]) and not p["pwcca"]["electra"].strip():
+        return False
+    variants = list(a["variants"])
+    return (set(f["models"]) | set(f["ablations"]) <= {*variants, "baseline"} and set(f["full_models"]) <= set(variants)
+            and set(p["attention"]["variants"]) <= set(variants) and p["attention"]["task"] in t["names"]
+            and set(g["tasks"]) <= set(t["names"]) and g["examples_task"] in g["tasks"]
+            and {g["baseline"], g["model"]} <= set(runs_of_every_grounding_task(p)))
+
+
+# -- params files and the check ----------------------------------------------------------------------------
+
+class Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
+    """Quotes every string that the params Loader reads as a number (YAML 1.2 floats such as 1e5)."""
+
+
+Dumper.yaml_implicit_resolvers = copy.deepcopy(P.Loader.yaml_implicit_resolvers)
+
+
+@cache
+def _values(profile: str) -> dict:
+    return profiles.values(profile)
+
+
+def values(profile: str) -> dict:
+    """The complete params of `profile` (a fresh copy)."""
+    return copy.deepcopy(_values(profile))
+
+
+@cache
+def leaf_paths(profile: str) -> list[tuple]:
+    return [path for path, _ in profiles.leaves(_values(profile))]
+
+
+def with_value(p: dict, path: tuple, value: Any) -> dict:
+    p = copy.deepcopy(p)
+    node = p
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return p
+
+
+def valid_value(data, p: dict, path: tuple) -> Any:
+    s = SCHEMA[schema_key(path)].valid(p, path)
+    return data.draw(s.filter(lambda v: rules_kept(with_value(p, path, v))), label=".".join(path))
+
+
+RUNNER = CliRunner()
+
+
+def dump(p: dict) -> str:
+    return yaml.dump(p, Dumper=Dumper, sort_keys=False, allow_unicode=True)
+
+
+def run_check(workdir, p: dict):
+    """`xdbert check params.yaml` in this process, on `p` written to `workdir`: (exit code, stdout, stderr)."""
+    text = dump(p)
+    path = workdir / "params.yaml"
+    path.write_text(text, encoding="utf-8")
+    result = RUNNER.invoke(app, ["check", "params.yaml"])
+    crash = result.exception if not isinstance(result.exception, SystemExit) else None
+    assert crash is None, "".join(traceback.format_exception(*result.exc_info))
+    assert sorted(os.listdir(workdir)) == ["params.yaml"] and path.read_text(encoding="utf-8") == text  # nothing written
+    return result.exit_code, result.stdout, result.stderr
+
+
+def assert_refused(workdir, p: dict, key: str) -> None:
+    code, out, err = run_check(workdir, p)
+    lines = err.splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: "), (code, out, err)
+    assert key in lines[0], (key, lines[0])
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+# -- the tests --------------------------------------------------------------------------------------------
+
+# Every key is fuzzed on its own (parametrized), at every place of every profile where it occurs.
+PATHS = {key: [(name, path) for name in P.PROFILES for path in leaf_paths(name) if schema_key(path) == key] for key in SCHEMA}
+BAD_PATHS = {key: [(name, path) for name, path in paths if SCHEMA[key].bad(_values(name), path) is not None]
+             for key, paths in PATHS.items()}
+BAD_PATHS = {key: paths for key, paths in BAD_PATHS.items() if paths}  # booleans, free strings: no value is out of range
+FILES = {"wrong_type": FUZZ["wrong_type"] * len(SCHEMA), "out_of_range": FUZZ["out_of_range"] * len(BAD_PATHS),
+         "unknown_key": FUZZ["unknown_key"], "valid": FUZZ["valid"] * len(SCHEMA)}  # params files per strategy
+assert sum(FILES.values()) >= 100
+
+
+def test_schema_covers_exactly_the_keys_of_the_profiles():
+    keys = {schema_key(path) for name in P.PROFILES for path in leaf_paths(name)}
+    assert keys == set(SCHEMA), (sorted(keys - set(SCHEMA)), sorted(set(SCHEMA) - keys))
+
+
+@pytest.mark.parametrize("profile", P.PROFILES)
+def test_every_profile_passes_and_keeps_the_rules(workdir, profile):
+    p = values(profile)
+    assert rules_kept(p)
+    code, out, err = run_check(workdir, p)
+    assert (code, err) == (0, "") and out == f"params.yaml: valid ({profile} profile); every stage's params check passes\n"
+
+
+@pytest.mark.parametrize("key", sorted(SCHEMA))
+@settings(max_examples=FUZZ["wrong_type"], **FUZZ_SETTINGS)
+@given(data=st.data())
+def test_a_value_of_a_wrong_type_is_refused_in_one_line_naming_the_key(workdir, key, data):
+    profile, path = data.draw(st.sampled_from(PATHS[key]))
+    value = data.draw(SCHEMA[key].wrong, label=".".join(path))
+    assert_refused(workdir, with_value(values(profile), path, value), ".".join(path))
+
+
+@pytest.mark.parametrize("key", sorted(BAD_PATHS))
+@settings(max_examples=FUZZ["out_of_range"], **FUZZ_SETTINGS)
+@given(data=st.data())
+def test_a_value_out_of_range_is_refused_in_one_line_naming_the_key(workdir, key, data):
+    profile, path = data.draw(st.sampled_from(BAD_PATHS[key]))
+    p = values(profile)
+    value = data.draw(SCHEMA[key].bad(p, path), label=".".join(path))
+    assert_refused(workdir, with_value(p, path, value), ".".join(path))
+
+
+def unknown_key(p: dict) -> st.SearchStrategy:
+    """(params `p` with one key or section that no stage reads, the key the error must name)."""
+    adapt_keys = [k for k in P.KEYS["adapt"] if k not in ("variants", "baseline")]
+    places = {  # where -> (the names known there, the key the error names; None: the new key itself)
+        (): ([*P.KEYS, "profile"], None), **{(section,): (keys, None) for section, keys in P.KEYS.items()},
+        ("tasks", "train_sizes"): (TASK_NAMES, "tasks.train_sizes"), ("finetune", "lr"): (TASK_NAMES, "finetune.lr"),
+        ("adapt", "loss_weights"): (LOSSES, "adapt.loss_weights"), ("adapt", "baseline"): (adapt_keys, "adapt.baseline"),
+        **{("adapt", "variants", v): (adapt_keys, f"adapt.variants.{v}") for v in p["adapt"]["variants"]},
+        **{("finetune", "lr", task): (("base", "large", "full"), f"finetune.lr.{task}") for task in p["finetune"]["lr"]},
+    }  # not model.encoder_config: any transformers config key may go there
+
+    def build(where: tuple, name: str, value: Any) -> tuple[dict, str]:
+        return with_value(p, where + (name,), value), places[where][1] or ".".join(where + (name,))
+
+    def names_for(where: tuple) -> st.SearchStrategy:
+        overrides = where[:2] == ("adapt", "variants") or where == ("adapt", "baseline")  # variants/baseline are no overrides
+        return (st.one_of(WORD, st.sampled_from(["variants", "baseline"])) if overrides else WORD).filter(
+            lambda w: w not in places[where][0])
+
+    return st.sampled_from(list(places)).flatmap(
+        lambda where: st.tuples(st.just(where), names_for(where), st.one_of(st.integers(0, 9), WORD))).map(lambda t: build(*t))
+
+
+@settings(max_examples=FUZZ["unknown_key"], **FUZZ_SETTINGS)
+@given(data=st.data())
+def test_an_unknown_key_or_section_is_refused_in_one_line_naming_it(workdir, data):
+    p, key = data.draw(unknown_key(values(data.draw(st.sampled_from(P.PROFILES)))))
+    assert_refused(workdir, p, key)
+
+
+@pytest.mark.parametrize("key", sorted(SCHEMA))
+@settings(max_examples=FUZZ["valid"], **FUZZ_SETTINGS)
+@given(data=st.data())
+def test_random_valid_values_pass(workdir, key, data):
+    """A valid value for `key`, and for up to three other keys of the same profile; maybe a new variant."""
+    profile, path = data.draw(st.sampled_from(PATHS[key]))
+    p = values(profile)
+    others = [other for other in leaf_paths(profile) if other != path]
+    for changed in [path, *data.draw(st.lists(st.sampled_from(others), max_size=3, unique=True))]:
+        p = with_value(p, changed, valid_value(data, p, changed))
+    if data.draw(st.booleans()):
+        name = data.draw(WORD.filter(lambda w: w not in p["adapt"]["variants"] and w != "baseline"))
+        p = with_value(p, ("adapt", "variants", name), valid_value(data, p, ("adapt", "variants", name)))
+    assert P.read_yaml_text(dump(p)) == p  # the file says what was drawn
+    code, out, err = run_check(workdir, p)
+    assert code == 0 and err == "" and "valid" in out, (code, err)
+
+
+def test_the_command_exits_2_with_one_line_and_writes_nothing(workdir):
+    """The real console command, in a process of its own: exit codes and streams as a shell sees them."""
+    def xdbert_check(text: str) -> subprocess.CompletedProcess:
+        (workdir / "params.yaml").write_text(text, encoding="utf-8")
+        r = subprocess.run([sys.executable, "-m", "xdbert.cli", "check"], cwd=workdir, capture_output=True, text=True)
+        assert sorted(os.listdir(workdir)) == ["params.yaml"] and (workdir / "params.yaml").read_text(encoding="utf-8") == text
+        return r
+
+    r = xdbert_check(profiles.render("paper"))
+    assert (r.returncode, r.stderr) == (0, "") and r.stdout.startswith("params.yaml: valid (paper profile)")
+    text = profiles.render("embedded").replace("    mlm: {losses: [mlm]}", "    mlm: {losses: mlm}")
+    r = xdbert_check(text)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == ["error: `adapt.variants.mlm.losses` must be a list drawn from: mlm, match, cliptc; got 'mlm'"]
+    r = xdbert_check(profiles.render("embedded").replace("  n_boot: 200", "  n_boot: 200\n  n_boots: 10"))
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "error: unknown param `aggregate.n_boots` (did you mean `aggregate.n_boot`?); `aggregate` has: n_boot, seed"]

@@ -1,0 +1,78 @@
+"""`xdbert check`: every stage's params check on one params file, at once, writing nothing.
+
+Each stage checks the sections it reads when it starts (its settings object), so a bad value in the params of
+a late stage would show only when `dvc repro` reaches it, hours in. This runs all of those checks in a second:
+every adapt variant and the baseline, every task of `tasks.names` for finetune, every other settings object.
+Then the names one section gives another: a finetuned model is an adapt variant, the analyses' tasks are
+finetuned, grounding compares two runs that exist. The stages check those by the files they read.
+
+Not checked here: what only files or libraries can tell (hub ids, open_clip names, model and caption files,
+the positions of a pretrained encoder); each stage checks them when it starts. Nothing heavy is imported.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from xdbert import params as P
+from xdbert.adaptation.settings import AdaptSettings, PretrainSettings
+from xdbert.analysis.attention import AttentionSettings
+from xdbert.analysis.grounding import GroundingSettings
+from xdbert.analysis.pwcca import PwccaSettings
+from xdbert.data.corpus import CorpusSettings
+from xdbert.data.tasks.registry import get_task
+from xdbert.data.tasks.settings import TasksSettings
+from xdbert.data.tokenization.build import Settings as TokenizeSettings
+from xdbert.data.tokenization.build import check_max_len
+from xdbert.errors import PipelineError
+from xdbert.finetuning.settings import FinetuneSettings
+from xdbert.model.settings import ModelSettings
+from xdbert.reports.settings import AggregateSettings
+
+
+def check_file(path: str | Path = "params.yaml") -> dict:
+    """The params of `path`, loaded and checked; a `PipelineError` names the first bad key."""
+    params = P.load(path)
+    check(params)
+    return params
+
+
+def check(p: dict) -> None:
+    """Every stage's settings check on params `p`, in the order of the stage graph, then the cross-references."""
+    CorpusSettings.from_params(p)
+    tasks = TasksSettings.from_params(p)
+    model = ModelSettings.from_params(p)
+    tokenize = TokenizeSettings.from_params(P.section(p, "tokenize"))
+    if model.encoder.startswith("random:") and model.encoder_config.get("max_position_embeddings"):
+        # dual_tokenize's own check; a pretrained encoder's positions need its config from the hub
+        check_max_len(tokenize, model.encoder_config["max_position_embeddings"], model.encoder)
+    PretrainSettings.from_params(p)
+    PretrainSettings.clip_from_params(p, model.clip_pretrained)
+    variants = P.variant_names(p)
+    for variant in [*variants, "baseline"]:
+        AdaptSettings.from_params(p, variant)
+    for name in tasks.names:
+        FinetuneSettings.from_params(p, get_task(name))
+    study = AggregateSettings.from_params(p).study
+    PwccaSettings.from_params(p, files=False)
+    grounding = GroundingSettings.from_params(p, files=False)
+    attention = AttentionSettings.from_params(p, files=False)
+
+    adapted = [*variants, "baseline"]
+    _named("finetune.models", study.models, adapted, "an adapt variant or baseline")
+    _named("finetune.ablations", study.ablations, adapted, "an adapt variant or baseline")
+    _named("finetune.full_models", study.full_models, variants, "an adapt variant (baseline has no cross-modal model)")
+    _named("attention.variants", attention.variants, variants, "an adapt variant (baseline has no cross-modal model)")
+    _named("attention.task", [attention.task], tasks.names, "in tasks.names (its dev split is read)")
+    _named("grounding.tasks", grounding.tasks, tasks.names, "in tasks.names (its predictions are compared)")
+    for task in grounding.tasks:
+        runs = [run.name for run in study.runs(task)]
+        _named("grounding.baseline", [grounding.baseline], runs, f"a finetune run on {task}")
+        _named("grounding.model", [grounding.model], runs, f"a finetune run on {task}")
+
+
+def _named(key: str, names: Iterable[str], allowed: Iterable[str], what: str) -> None:
+    allowed = list(allowed)
+    for name in names:
+        if name not in allowed:
+            raise PipelineError(f"`{key}` names {name!r}, which is not {what}; allowed: {', '.join(allowed)}")
