@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from xdbert import profiles
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,26 +23,13 @@ def ran(log: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """A copy of the pipeline with tiny sizes, in its own git + DVC repository."""
+    """A copy of the pipeline with the micro profile, in its own git + DVC repository."""
     repo = tmp_path_factory.mktemp("pipeline")
     for name in ("dvc.yaml", "stages", "xdbert"):
         src = ROOT / name
         (shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__")) if src.is_dir()
          else shutil.copy(src, repo / name))
-    p = yaml.safe_load((ROOT / "params.yaml").read_text())
-    p["corpus"].update(n_docs=24, sentences_per_doc=12)
-    p["model"]["encoder_config"].update(hidden_size=32, intermediate_size=64, max_position_embeddings=64)
-    p["tokenize"].update(max_len=48, n_blocks=2, vocab_size=600, validate_windows=8)
-    p["pretrain"].update(steps=20, clip_steps=20, batch_size=8, checkpoint_every=10, max_len=48)
-    p["adapt"].update(batch_size=8, micro_batch_size=8, eval_windows=16, checkpoint_every=5)
-    # the whole graph runs in test_the_whole_graph_runs_then_skips: four tasks, few examples and seeds
-    p["tasks"].update(names=["rte", "mrpc", "stsb", "cola"], train_size=32, dev_size=16)
-    p["finetune"].update(seeds=[0, 1], rte_seeds=[0, 1, 2], epochs=1, batch_size=8)
-    p["pwcca"].update(min_words_ratio=2)  # the 600-piece test vocabulary shares few words with CLIP's
-    p["grounding"].update(n_captions=2000, examples_per_class=1)
-    p["attention"].update(windows=8, batch_size=8, max_len=48)
-    p["aggregate"].update(n_boot=20)
-    (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    (repo / "params.yaml").write_text(profiles.render("micro", {}))  # every stage, toy sizes
     sh("git", "init", "-q", "-b", "main", cwd=repo)
     sh("dvc", "init", "-q", cwd=repo)
     sh("git", "add", "-A", cwd=repo)

@@ -14,7 +14,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 @app.command()
 def profile(
-    name: str = typer.Argument(..., help="embedded (offline, CPU) or paper (hubs, GPU, the paper's sizes)"),
+    name: str = typer.Argument(..., help="embedded (offline, CPU), paper (hubs, GPU, the paper's sizes) or micro (toy sizes for tests)"),
     params_file: Path = typer.Option(Path("params.yaml"), "--params", help="the params file to write"),
     reset: bool = typer.Option(False, help="drop your changes instead of carrying them over"),
 ) -> None:

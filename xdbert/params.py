@@ -15,7 +15,7 @@ import yaml
 
 from xdbert.errors import PipelineError
 
-PROFILES = ("embedded", "paper")
+PROFILES = ("embedded", "paper", "micro")
 
 # Every key params.yaml may hold, by section, so that a typo (`adapt.lrr`) stops every stage at once instead
 # of being ignored. The mappings under some keys (adapt.variants, finetune.lr, model.encoder_config, ...) are

@@ -1,8 +1,9 @@
-"""The two profiles and the switch between them.
+"""The profiles and the switch between them.
 
-`embedded.yaml` holds every default; `paper.yaml` holds only what the paper changes (an overlay). DVC reads
-params from `params.yaml` alone, so `xdbert profile NAME` writes that profile's complete values there, and
-carries over every value the user changed from the old profile's defaults.
+`embedded.yaml` holds every default; `paper.yaml` (the paper's setup) and `micro.yaml` (toy sizes for the
+tests) hold only what they change (overlays). DVC reads params from `params.yaml` alone, so `xdbert profile
+NAME` writes that profile's complete values there, and carries over every value the user changed from the
+old profile's defaults.
 """
 from __future__ import annotations
 
