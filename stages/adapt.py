@@ -6,7 +6,7 @@ Checkpoints go to checkpoints/adapt/<variant>.pt, outside DVC's outputs, so a ki
 """
 import sys
 
-from xdbert import params, paths, runlog
+from xdbert import io, params, paths, runlog
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ModelSettings
@@ -33,7 +33,8 @@ def main() -> None:
 
     manifest = shards.read_manifest(paths.SHARDS)
     shards.check_matches(manifest, tokenizer_dir=paths.TOKENIZER, clip_name=model.clip)
-    train, valid = shards.open_shards(paths.SHARDS, "train"), shards.open_shards(paths.SHARDS, "valid")
+    # verify: a flipped byte inside a shard still reads as Arrow; only its sha256 tells
+    train, valid = (shards.open_shards(paths.SHARDS, split, verify=True) for split in ("train", "valid"))
     tok = AutoTokenizer.from_pretrained(str(paths.TOKENIZER))
     _, eot = clip_special_ids(model.clip)
 
@@ -42,7 +43,11 @@ def main() -> None:
     make_batch = BatchMaker(settings, manifest["n_blocks"], vocab_size=len(tok), special_ids=tok.all_special_ids,
                             mask_id=tok.mask_token_id, eot_id=eot)
     checkpoint = paths.CHECKPOINTS / "adapt" / f"{variant}.pt"
-    with Live(dir=str(paths.ADAPT_PLOTS / variant), save_dvc_exp=False, dvcyaml=None) as live:
+    # The plots (a DVC output) are written aside and renamed when training ends: a run that fails
+    # (a damaged checkpoint, a full disk) leaves the last complete plots, and a resumed run replays its
+    # earlier steps into them (xdbert.adaptation.loop).
+    with io.atomic_path(paths.ADAPT_PLOTS / variant, is_dir=True) as plots, \
+            Live(dir=str(plots), save_dvc_exp=False, dvcyaml=None) as live:
         def log(metrics: dict, step: int) -> None:
             for k, v in metrics.items():
                 live.log_metric(k, v, plot=True)

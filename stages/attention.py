@@ -40,7 +40,7 @@ def main() -> None:
     split = spec.dev_splits[0]
     example = A.dev_example(read_split(TASKS, s.task, split), s.index, s.task, split)
     tokenizer = load_encoder_tokenizer(TOKENIZER)
-    valid = shards.open_shards(SHARDS, "valid")
+    valid = shards.open_shards(SHARDS, "valid", verify=True)
     n_windows = min(s.windows, len(valid))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -10,7 +10,7 @@ until all results are written, so a killed stage resumes with the seeds it had n
 import shutil
 import sys
 
-from xdbert import params, paths, runlog
+from xdbert import io, params, paths, runlog
 from xdbert.errors import PipelineError
 from xdbert.stage import run
 
@@ -42,13 +42,14 @@ def main() -> None:
                     checkpoint_dir=CHECKPOINTS / task.name / r.name) for r in runs]
     # Every (model, seed) of the task goes to one pool: no worker idles while another finishes its share.
     all_results = run_grid([(job, settings.seeds) for job in jobs], settings.workers)
-    for r, job, results in zip(runs, jobs, all_results):
-        out = paths.FINETUNE / task.name / r.name
-        metrics = write_results(out, job, results, {
-            "run": r.name, "model": r.model, "model_path": job.model_path, "profile": p["profile"],
-            "seeds_list": settings.seeds, "workers": settings.workers, "lr_table": settings.lr,
-        })
-        print(f"finetune {task.name} {r.name}: median {task.metric} {metrics['headline']} over {len(results)} seeds -> {out}")
+    # The task's folder is DVC's one output: written whole, so a kill leaves all of its runs or none.
+    with io.atomic_path(paths.FINETUNE / task.name, is_dir=True) as tmp:
+        for r, job, results in zip(runs, jobs, all_results):
+            metrics = write_results(tmp / r.name, job, results, {
+                "run": r.name, "model": r.model, "model_path": job.model_path, "profile": p["profile"],
+                "seeds_list": settings.seeds, "workers": settings.workers, "lr_table": settings.lr,
+            })
+            print(f"finetune {task.name} {r.name}: median {task.metric} {metrics['headline']} over {len(results)} seeds")
     runlog.record(f"finetune@{task.name}", {"timings": {
         r.name: {str(x["seed"]): runlog.split_timings(x)[1] for x in results} for r, results in zip(runs, all_results)}})
     shutil.rmtree(CHECKPOINTS / task.name, ignore_errors=True)  # every result is written: the seeds have done their job

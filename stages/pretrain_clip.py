@@ -37,7 +37,7 @@ def main() -> None:
     if settings is not None:
         manifest = shards.read_manifest(paths.SHARDS)
         shards.check_matches(manifest, tokenizer_dir=paths.TOKENIZER, clip_name=model.clip)
-        blocks = pretraining.shard_blocks(shards.open_shards(paths.SHARDS, "train"))
+        blocks = pretraining.shard_blocks(shards.open_shards(paths.SHARDS, "train", verify=True))
         metrics.update(pretraining.pretrain_clip(tower, blocks, clip_special_ids(model.clip)[1], settings, checkpoint))
     save_clip_tower(tower, paths.PRETRAIN_CLIP, model.clip, model.clip_pretrained)
     runlog.write_metrics(paths.PRETRAIN_CLIP_METRICS, metrics, "pretrain_clip")

@@ -217,8 +217,9 @@ def state(model) -> dict[str, torch.Tensor]:
 def test_resume_after_a_kill_gives_identical_weights(data, tmp_path, capsys):
     # 12 windows, 4 per step in micro-batches of 2, 2 epochs: 6 steps; dropout on (the tiny BERT's 0.1)
     s = settings(epochs=2)
-    model_a, metrics_a = run(data, s, tmp_path / "a.pt")
-    assert metrics_a["steps"] == 6
+    log_a, log_b = [], []
+    model_a, metrics_a = run(data, s, tmp_path / "a.pt", log=lambda m, step: log_a.append((step, m)))
+    assert metrics_a["steps"] == 6 and metrics_a["device"] == "cpu"
 
     ckpt = tmp_path / "b.pt"
     run(data, settings(epochs=2, lr=2e-3), ckpt, stop_after=2)  # a checkpoint made with other settings
@@ -227,8 +228,9 @@ def test_resume_after_a_kill_gives_identical_weights(data, tmp_path, capsys):
     assert "other settings or inputs; starting afresh" in capsys.readouterr().out
     assert stopped["steps"] == 5 and torch.load(ckpt, weights_only=False)["step"] == 4
 
-    model_b, metrics_b = run(data, s, ckpt)  # a new process: fresh model, same checkpoint path
+    model_b, metrics_b = run(data, s, ckpt, log=lambda m, step: log_b.append((step, m)))  # a new process
     assert f"resuming from {ckpt} at step 4/6" in capsys.readouterr().out
+    assert log_b == log_a and [step for step, _ in log_b] == list(range(6))  # the plots replay steps 0-3
     a, b = state(model_a), state(model_b)
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]

@@ -5,6 +5,7 @@ A killed stage therefore leaves either the previous complete output or none, nev
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -21,6 +22,11 @@ def atomic_path(target: str | os.PathLike, is_dir: bool = False) -> Iterator[Pat
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    # What a killed write of this target left behind (its rename never came): only one stage writes a
+    # target at a time (DVC locks the repository), so nothing else can be using it.
+    for suffix in ("tmp", "old"):
+        for stale in target.parent.glob(f".{glob.escape(target.name)}.*.{suffix}"):
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     work = tmp if is_dir else tmp / target.name
     try:
@@ -45,6 +51,30 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_parquet(table, path: str | os.PathLike) -> None:
+    """Write an Arrow table with a CRC per page, so `read_parquet` tells a flipped byte from the data."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path, write_page_checksum=True)
+
+
+def read_parquet(path: str | os.PathLike, remedy: str):
+    """A parquet file as an Arrow table, its page checksums verified; a missing or damaged file is a
+    PipelineError naming it and `remedy`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from xdbert.errors import PipelineError
+
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"missing file {path}: {remedy}")
+    try:
+        return pq.read_table(path, page_checksum_verification=True)
+    except (pa.ArrowException, OSError) as e:  # pyarrow raises several types for a damaged file
+        raise PipelineError(f"{path} is damaged ({' '.join(str(e).split())[:200]}): {remedy}") from e
 
 
 def read_json(path: str | os.PathLike) -> Any:

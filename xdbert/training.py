@@ -59,6 +59,16 @@ def mixed_precision(setting: str) -> str:
     return setting
 
 
+def device_name(device: str | torch.device) -> str:
+    """What a run computed on, for its metrics. `cpu` alone: every x86-64 CPU writes the same bytes
+    (xdbert.numerics), and which one ran goes to the run log. A GPU's bytes repeat on one GPU type and
+    software stack only (bench/results/h200), so its name and versions are part of the result."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    return f"cuda: {torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+
+
 def check_finite(loss: torch.Tensor, step: int, where: str) -> None:
     if not torch.isfinite(loss).all():
         raise PipelineError(
@@ -67,24 +77,60 @@ def check_finite(loss: torch.Tensor, step: int, where: str) -> None:
         )
 
 
+def content_digest(obj: object) -> str:
+    """sha256 of a checkpoint's contents: tensors and arrays by their bytes, containers in key order."""
+    h = hashlib.sha256()
+
+    def visit(x: object) -> None:
+        if isinstance(x, dict):
+            for key in sorted(x, key=str):
+                h.update(f"<{key!s}>".encode())
+                visit(x[key])
+        elif isinstance(x, (list, tuple)):
+            h.update(f"[{len(x)}".encode())
+            for item in x:
+                visit(item)
+        elif isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous().reshape(-1)
+            h.update(f"{t.dtype}{tuple(x.shape)}".encode() + t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, np.ndarray):
+            h.update(f"{x.dtype}{x.shape}".encode() + np.ascontiguousarray(x).tobytes())
+        else:
+            h.update(repr(x).encode())
+
+    visit(obj)
+    return h.hexdigest()
+
+
 def save_checkpoint(path: Path, state: dict, fingerprint: str) -> None:
-    """Save training state atomically; `fingerprint` ties it to the settings that produced it."""
+    """Save training state atomically; `fingerprint` ties it to the settings that produced it, and the
+    digest of its contents lets a load tell a damaged file (torch.load reads a flipped byte in a
+    tensor's data without complaint) from a good one."""
     with io.atomic_path(path) as tmp:
-        torch.save({"fingerprint": fingerprint, **state}, tmp)
+        torch.save({"fingerprint": fingerprint, "sha256": content_digest(state), **state}, tmp)
 
 
 def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
-    """The saved state if it exists and was made with the same settings, else None (start afresh)."""
+    """The saved state if it exists and was made with the same settings, else None (start afresh).
+
+    A damaged checkpoint is an error, not a silent restart: resuming from it would train on wrong
+    weights, and starting over unasked could throw away days of a paper-profile run."""
     if not path.is_file():
         return None
+    damaged = f"checkpoint {path} is damaged"
+    remedy = f"delete it (rm {path}) to start this run afresh, or restore it from a backup"
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # a checkpoint from a crashed disk or another torch: start over, say so
-        print(f"warning: ignoring unreadable checkpoint {path} ({type(e).__name__})")
-        return None
-    if state.get("fingerprint") != fingerprint:
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise PipelineError(f"{damaged} or from another torch version ({type(e).__name__}: {e}); {remedy}") from e
+    if not isinstance(saved, dict) or "sha256" not in saved:
+        raise PipelineError(f"{damaged}: it holds no content digest; {remedy}")
+    state = {k: v for k, v in saved.items() if k not in ("fingerprint", "sha256")}
+    if saved.get("fingerprint") != fingerprint:
         print(f"note: {path} was made with other settings or inputs; starting afresh")
         return None
+    if content_digest(state) != saved["sha256"]:
+        raise PipelineError(f"{damaged}: its contents do not match the digest saved with them; {remedy}")
     return state
 
 

@@ -153,13 +153,18 @@ def adapt(
     forward = torch.compile(model) if s.compile else model
 
     state = training.load_checkpoint(checkpoint, print_fp)
-    start, history = 0, []
+    start, history, rates = 0, [], []
     if state is not None:
         accelerator.unwrap_model(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
-        start, history = state["step"], state["history"]
+        start, history, rates = state["step"], state["history"], state["rates"]
         accelerator.print(f"resuming from {checkpoint} at step {start}/{total}")
+        if log is not None and accelerator.is_main_process:
+            # The log (dvclive's plots, a DVC output) starts empty in a new process: replay the steps
+            # already taken, so a resumed run's plots are the uninterrupted run's, byte for byte.
+            for step, (metrics, lr) in enumerate(zip(history, rates)):
+                log({**metrics, "lr": lr}, step)
 
     model.train()
     bar = tqdm(range(start, total), initial=start, total=total, desc="adapt", disable=not accelerator.is_main_process)
@@ -194,14 +199,15 @@ def adapt(
 
         metrics = summarize(totals)
         history.append(metrics)
+        rates.append(schedule.get_last_lr()[0])
         bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items() if k.endswith("_loss")})
         if log is not None and accelerator.is_main_process:
-            log({**metrics, "lr": schedule.get_last_lr()[0]}, step)
+            log({**metrics, "lr": rates[-1]}, step)
         done = step + 1
         if accelerator.is_main_process and (done % s.checkpoint_every == 0 or done == total):
             training.save_checkpoint(checkpoint, {
                 "model": accelerator.unwrap_model(model).state_dict(), "optimizer": optimizer.state_dict(),
-                "schedule": schedule.state_dict(), "step": done, "history": history,
+                "schedule": schedule.state_dict(), "step": done, "history": history, "rates": rates,
             }, print_fp)
         if stop_after is not None and done >= stop_after:
             break
@@ -210,7 +216,8 @@ def adapt(
     tail = history[-max(1, len(history) // 10):]
     final = {f"train_{k}": float(np.mean([h[k] for h in tail if k in h])) for k in tail[-1]}
     first = {f"first_{k}": v for k, v in history[0].items()} if history else {}
-    result = {**final, **first, "steps": len(history), "seconds": round(time.time() - t0, 1)}
+    result = {**final, **first, "steps": len(history), "device": training.device_name(accelerator.device),
+              "seconds": round(time.time() - t0, 1)}
     result.update({f"valid_{k}": v for k, v in evaluate(accelerator.unwrap_model(model), valid, make_batch, s, accelerator.device).items()})
     return result
 

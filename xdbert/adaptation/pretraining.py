@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xdbert import training
+from xdbert import io, training
 from xdbert.adaptation import masking
 from xdbert.adaptation.loop import model_identity
 from xdbert.adaptation.settings import PretrainSettings
@@ -54,9 +54,8 @@ def split_sentences(texts: list[str], min_words: int = 4) -> list[str]:
 
 def corpus_sentences(corpus_dir: str | Path) -> list[str]:
     """The sentences of the corpus's train documents, what the encoder's stand-in learns from."""
-    import pandas as pd
-
-    return split_sentences(pd.read_parquet(Path(corpus_dir) / "train.parquet")["text"].tolist())
+    table = io.read_parquet(Path(corpus_dir) / "train.parquet", "rerun `dvc repro corpus`")
+    return split_sentences(table.column("text").to_pylist())
 
 
 def restated_pairs(sentences: list[str], batch_size: int, rng: random.Random) -> tuple[list[str], list[str]]:

@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from xdbert import io
 from xdbert import params as P
 from xdbert.data.tasks.registry import get_task, read_split
 from xdbert.errors import PipelineError
@@ -368,7 +369,8 @@ def compare_task(task: str, names: tuple[str, str], rule: Grounding, examples_pe
     extreme examples of each class as (row, marked text_a, marked text_b, seeds); else {}).
     """
     split = get_task(task).dev_splits[0]
-    base, prop = (pd.read_parquet(predictions_path(m, task)) for m in names)
+    base, prop = (io.read_parquet(predictions_path(m, task), "rerun its finetune stage (`dvc repro`)").to_pandas()
+                  for m in names)
     cmp = compare_models(base[base["split"] == split], prop[prop["split"] == split], names)
     n_seeds = cmp.attrs["n_seeds"]
     dev = read_split(TASKS, task, split).to_pandas().set_index("idx")

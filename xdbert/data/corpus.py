@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from xdbert import params as P
 from xdbert.data.synthetic.documents import generate_corpus
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request
-from xdbert.io import atomic_path
+from xdbert.io import atomic_path, write_parquet
 
 SOURCES = ("generated", "hub")
 SPLITS = ("train", "valid")
@@ -189,6 +188,6 @@ def write_corpus(splits: dict[str, list[str]], out_dir: str | Path) -> dict[str,
             docs = splits[split]
             ids = [f"{split}-{i:07d}" for i in range(len(docs))]
             table = pa.Table.from_arrays([pa.array(ids, pa.string()), pa.array(docs, pa.string())], schema=SCHEMA)
-            pq.write_table(table, tmp / f"{split}.parquet")
+            write_parquet(table, tmp / f"{split}.parquet")
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return stats

@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from xdbert import io
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
 
@@ -106,7 +106,7 @@ def task_files(task_dir: str | Path, spec: TaskSpec) -> dict[str, Path]:
 
 def read_task(task_dir: str | Path, spec: TaskSpec) -> dict[str, pa.Table]:
     """Every split of `spec` as an Arrow table; an empty split is a PipelineError."""
-    tables = {split: pq.read_table(path) for split, path in task_files(task_dir, spec).items()}
+    tables = {split: io.read_parquet(path, "rerun `dvc repro tasks`") for split, path in task_files(task_dir, spec).items()}
     for split, table in tables.items():
         missing = {"idx", "text_a", "text_b", "choices", "label"} - set(table.column_names)
         if missing:

@@ -48,6 +48,7 @@ def train_or_resume(job: Job, seed: int, device: str | torch.device = "cpu") -> 
     fingerprint = training.fingerprint(job.identity, dataclasses.asdict(job.hyperparameters), seed)
     state = training.load_checkpoint(path, fingerprint)
     if state is not None:
+        print(f"resuming from {path}: seed {seed} finished before the stage was stopped")
         return state["result"]
     result = train_seed(job, seed, device)
     training.save_checkpoint(path, {"result": result}, fingerprint)

@@ -128,7 +128,8 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
             raise PipelineError(f"{where}: {len(pred)} predictions for {len(data)} {split} examples")
         predictions[split] = pred
         metrics[split] = compute_metrics(spec.name, pred, data.labels)
-    return {"seed": seed, "metrics": metrics, "predictions": predictions, "first_epoch_loss": epoch_losses[0],
+    return {"seed": seed, "device": training.device_name(device), "metrics": metrics, "predictions": predictions,
+            "first_epoch_loss": epoch_losses[0],
             "last_epoch_loss": epoch_losses[-1], "steps": step, "train_examples": len(train) * s.epochs,
             "train_seconds": round(train_seconds, 3), "eval_seconds": round(time.time() - t_eval, 3),
             "seconds": round(time.time() - t0, 3)}

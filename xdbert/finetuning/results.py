@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from xdbert import io, training
 from xdbert.errors import PipelineError
@@ -31,7 +30,7 @@ def summarize(job: Job, runs: list[dict]) -> dict:
     per_seed = {str(r["seed"]): {
         **{split: {m: _clean(v) for m, v in r["metrics"][split].items()} for split in spec.dev_splits},
         **{k: _clean(r[k]) for k in ("first_epoch_loss", "last_epoch_loss")},
-        "steps": r["steps"]} for r in runs}  # wall-clock times go to the run log (xdbert.runlog)
+        "steps": r["steps"], "device": r["device"]} for r in runs}  # wall-clock times go to the run log (xdbert.runlog)
     return {
         "task": spec.name, "kind": job.model_kind, "metric": spec.metric, "higher_is_better": spec.higher_is_better,
         "headline": median[spec.dev_splits[0]][spec.metric], "median": median, "seeds": per_seed,
@@ -74,5 +73,5 @@ def write_results(out_dir: str | Path, job: Job, runs: list[dict], info: dict[st
     with io.atomic_path(out_dir, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
         io.write_json(tmp / "metrics.json", metrics)
-        pq.write_table(table, tmp / "predictions.parquet")
+        io.write_parquet(table, tmp / "predictions.parquet")
     return metrics

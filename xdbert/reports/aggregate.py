@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from xdbert import io
 from xdbert.data.tasks.metrics import compute_metrics, resampled_metric
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
@@ -36,9 +37,7 @@ class Cell:
 
 
 def read_predictions(path: Path) -> pd.DataFrame:
-    if not path.is_file():
-        raise PipelineError(f"missing predictions {path}: run its finetune stage first (`dvc repro`)")
-    return pd.read_parquet(path)
+    return io.read_parquet(path, "rerun its finetune stage (`dvc repro`)").to_pandas()
 
 
 def cell(preds: pd.DataFrame, task: TaskSpec, split: str | None = None) -> Cell:

@@ -23,10 +23,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from xdbert.errors import PipelineError
-from xdbert.io import atomic_path
+from xdbert.io import atomic_path, read_parquet, write_parquet
 
 TASK_KINDS = ("classification", "regression", "multiple_choice")
 MODEL_SIZES = ("base", "large")
@@ -166,7 +165,7 @@ def write_tasks(tables: dict[str, dict[str, pa.Table]], out_dir: str | Path, sou
             entry = {"kind": spec.kind, "metric": spec.metric, "splits": {}}
             for split in spec.splits:
                 _check(spec, splits[split])
-                pq.write_table(splits[split].cast(schema(spec)), tmp / name / f"{split}.parquet")
+                write_parquet(splits[split].cast(schema(spec)), tmp / name / f"{split}.parquet")
                 entry["splits"][split] = split_summary(spec, splits[split])
             summary["tasks"][name] = entry
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -178,7 +177,4 @@ def read_split(task_dir: str | Path, task: str, split: str) -> pa.Table:
     spec = get_task(task)
     if split not in spec.splits:
         raise PipelineError(f"task {task} has no split {split!r}; it has: {', '.join(spec.splits)}")
-    path = Path(task_dir) / task / f"{split}.parquet"
-    if not path.is_file():
-        raise PipelineError(f"missing {path}: run `dvc repro tasks` with `{task}` in `tasks.names`")
-    return pq.read_table(path)
+    return read_parquet(Path(task_dir) / task / f"{split}.parquet", f"run `dvc repro tasks` with `{task}` in `tasks.names`")

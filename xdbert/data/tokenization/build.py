@@ -24,7 +24,7 @@ from xdbert.data.tokenization.vocab import (clip_vocab_hash, encoder_positions, 
 from xdbert.data.tokenization.windows import (CLIP_CONTENT, CLIP_CONTEXT, Layout, Windows, alignment_problem,
                                               clip_blocks, clip_content)
 from xdbert.errors import PipelineError
-from xdbert.io import atomic_path, write_json
+from xdbert.io import atomic_path, read_parquet, write_json
 
 MIN_MAX_LEN = 8
 INT16_MAX = 2**15 - 1  # bert_len and the alignment are stored as int16
@@ -85,12 +85,7 @@ def corpus_paths(corpus_dir: str | Path) -> dict[str, Path]:
 
 def read_corpus(path: Path) -> list[str]:
     """The `text` column of a corpus split (one document per row)."""
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except Exception as e:  # pyarrow raises several types for a damaged file
-        raise PipelineError(f"cannot read corpus file {path} ({e}): rerun `dvc repro corpus`") from e
+    table = read_parquet(path, "rerun `dvc repro corpus`")
     if "text" not in table.column_names:
         raise PipelineError(f"corpus file {path} has no `text` column (it has {table.column_names}): rerun `dvc repro corpus`")
     return [t or "" for t in table.column("text").to_pylist()]
