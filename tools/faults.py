@@ -166,7 +166,7 @@ class Campaign:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            note = f"killed at {time.time() - t0:.1f} s, {when}"
+            note = f"killed at {time.time() - t0:.1f} s" + (f", {when}" if after else "")
         problems = [f"after the kill: {p}" for p in self.differences(allow_absent=True)]
         lost = bool(problems)
         # Computed again, resuming from the killed run's checkpoints: a plain `dvc repro` would check the

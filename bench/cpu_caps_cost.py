@@ -1,0 +1,104 @@
+"""What the CPU kernel caps cost: embedded stages run with and without them, alternating, on one machine.
+
+`import xdbert` caps torch's, MKL's and oneDNN's kernels at AVX2 and fixes the thread counts
+(xdbert/numerics.py), so every x86-64 CPU writes the same bytes. On an AVX-512 CPU that could cost
+speed. This copies the checkout's code, params and stage inputs (data/, models/) to a scratch folder,
+so nothing of the workspace is touched, and runs each stage script there `--rounds` times in each mode,
+alternating (capped, plain, plain, capped, ...), so drift in the machine's speed falls on both alike.
+"plain" puts back the environment the process started with right after `import xdbert`, before torch is
+imported, so torch, MKL and oneDNN pick their own kernels; the one thread of a finetuning run stays (it
+is code, not environment). The stages' outputs must be in place (`dvc repro` once).
+
+    python bench/cpu_caps_cost.py [--rounds 2] [--stages adapt@xdbert,finetune@rte,pretrain_encoder]
+
+Writes bench/results/cpu_caps_cost.md and .json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from xdbert import numerics  # noqa: E402
+
+# Runs a stage script as DVC would, optionally with the environment from before `import xdbert`.
+LAUNCH = """
+import os, runpy, sys
+before = dict(os.environ)
+import xdbert
+if sys.argv[1] == "plain":
+    for key in {keys!r}:
+        if key in before:
+            os.environ[key] = before[key]
+        else:
+            os.environ.pop(key, None)
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def run_stage(work: Path, mode: str, stage: str) -> float:
+    name, _, item = stage.partition("@")
+    keys = [*numerics.CPU_KERNEL_CAPS, *numerics.THREAD_COUNTS]
+    cmd = [sys.executable, "-c", LAUNCH.format(keys=keys), mode, f"stages/{name}.py", *([item] if item else [])]
+    t0 = time.time()
+    r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(work)})
+    if r.returncode:
+        raise SystemExit(f"{stage} ({mode}) failed:\n{r.stderr[-3000:]}")
+    return time.time() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--stages", default="adapt@xdbert,finetune@rte,pretrain_encoder")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    stages = args.stages.split(",")
+    seconds: dict[str, dict[str, list[float]]] = {s: {"capped": [], "plain": []} for s in stages}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name in ("stages", "xdbert", "data", "models", "params.yaml"):
+            src = ROOT / name
+            shutil.copytree(src, work / name) if src.is_dir() else shutil.copy(src, work / name)
+        for r in range(args.rounds):
+            order = ("capped", "plain") if r % 2 == 0 else ("plain", "capped")
+            for mode in order:
+                for stage in stages:
+                    seconds[stage][mode].append(run_stage(work, mode, stage))
+                    print(f"round {r + 1} {mode:6} {stage}: {seconds[stage][mode][-1]:.1f} s", flush=True)
+    total = {mode: sum(sum(v[mode]) for v in seconds.values()) for mode in ("capped", "plain")}
+    from xdbert.numerics import cpu_description
+
+    cpu = cpu_description()
+    result = {"cpu": cpu, "rounds": args.rounds, "seconds": seconds, "total": total,
+              "ratio_capped_to_plain": total["capped"] / total["plain"], "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cpu_caps_cost.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# The CPU kernel caps' cost: {cpu.get('model name', '?')} (family {cpu.get('cpu family', '?')}), "
+             f"{os.cpu_count()} cores", "",
+             f"Each stage script ran {args.rounds} times capped (AVX2 kernels, 2 threads: `xdbert/numerics.py`) and "
+             f"{args.rounds} times plain (the machine's own kernels, torch's default threads), alternating, on the "
+             "embedded profile's inputs. Seconds per run, start-up included.", "",
+             "| stage | capped s | plain s | capped / plain |", "| --- | --- | --- | --- |"]
+    for stage, v in seconds.items():
+        c, p = sum(v["capped"]), sum(v["plain"])
+        lines.append(f"| {stage} | {', '.join(f'{x:.1f}' for x in v['capped'])} | "
+                     f"{', '.join(f'{x:.1f}' for x in v['plain'])} | {c / p:.3f} |")
+    lines += [f"| **all** | {total['capped']:.1f} | {total['plain']:.1f} | **{result['ratio_capped_to_plain']:.3f}** |",
+              "", f"Rerun with `python {' '.join(sys.argv)}`."]
+    (args.out / "cpu_caps_cost.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
