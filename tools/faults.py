@@ -77,7 +77,7 @@ def make_project(repo: Path) -> None:
 
 
 def declared_outputs(repo: Path) -> dict[str, list[str]]:
-    """Stage name -> the paths it declares (outs, metrics, plots), from `dvc stage list`'s graph."""
+    """Stage name -> the paths it declares (outs, metrics, plots), as DVC's own index reads dvc.yaml."""
     from dvc.repo import Repo
 
     out: dict[str, list[str]] = {}
@@ -186,10 +186,12 @@ class Campaign:
     # -- damaged inputs and a full disk
 
     def expect_clear_error(self, kind: str, what: str, cmd: list[str], protected: dict[str, str | None],
-                           run=None) -> None:
+                           run=None, problems: list[str] | None = None, lost: bool = False) -> None:
+        """Record the fault: one `error:` line and exit 2, no `protected` output changed; `problems` and
+        `lost` are what the caller found already."""
         r = (run or (lambda: sh(cmd, self.repo, check=False)))()
         lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-        problems, unclear = [], False
+        problems, unclear = list(problems or []), False
         if r.returncode != 2 or len(lines) != 1 or "Traceback" in r.stderr:
             unclear = True
             problems.append(f"exit {r.returncode}, {len(lines)} error lines, "
@@ -198,7 +200,7 @@ class Campaign:
         changed = [p for p, d in protected.items() if now[p] != d]
         if changed:
             problems.append(f"outputs changed by the failed run: {changed}")
-        self.record(kind, what, problems, bool(changed), unclear, lines[0][:160] if lines else "")
+        self.record(kind, what, problems, lost or bool(changed), unclear, lines[0][:160] if lines else "")
 
     def damage(self, name: str, rel: str, how: str, cmd: list[str], prepare=None) -> None:
         path = self.repo / rel
@@ -280,18 +282,12 @@ echo "$keep"
             how = "a 4 KiB file-size limit"
         lost = [k for k, v in before.items() if after.get(k) != v]
         leftovers = [k for k in after if k not in before]
+        found = [f"files lost or changed in {folder}: {lost}"] * bool(lost) + \
+                [f"partial files left in {folder}: {leftovers}"] * bool(leftovers)
         result = subprocess.CompletedProcess(stage_cmd, rc, "", stderr)
         self.expect_clear_error("full disk", f"{' '.join(stage_cmd[1:])} writing into {folder} on {how}", stage_cmd,
                                 {p: protected[p] for p in protected if not (self.repo / p).is_relative_to(target)},
-                                run=lambda: result)
-        if lost or leftovers:
-            self.rows[-1]["ok"] = False
-            self.rows[-1]["problems"] += [f"files lost or changed in {folder}: {lost}"] * bool(lost) + \
-                                         [f"partial files left in {folder}: {leftovers}"] * bool(leftovers)
-            if self.counts["survived"] and not self.rows[-1]["problems"][:-1]:
-                self.counts["survived"] -= 1
-            self.counts["lost data"] += bool(lost)
-            print(f"FAIL     {self.rows[-1]['problems']}")
+                                run=lambda: result, problems=found, lost=bool(lost))
 
 
 DAMAGE = [  # name, path, how, the stage that reads it
