@@ -8,10 +8,13 @@ alternating (capped, plain, plain, capped, ...), so drift in the machine's speed
 "plain" puts back the environment the process started with right after `import xdbert`, before torch is
 imported, so torch, MKL and oneDNN pick their own kernels; the one thread of a finetuning run stays (it
 is code, not environment). The stages' outputs must be in place (`dvc repro` once).
+`--stages all` runs the whole embedded `dvc repro`: every stage's own command, in the order DVC runs them
+(from `dvc repro --dry --force`), so the sum is the study's compute without DVC's hashing, which is the
+same in both modes.
 
-    python bench/cpu_caps_cost.py [--rounds 2] [--stages adapt@xdbert,finetune@rte,pretrain_encoder]
+    python bench/cpu_caps_cost.py [--rounds 2] [--stages all|adapt@xdbert,finetune@rte,pretrain_encoder]
 
-Writes bench/results/cpu_caps_cost.md and .json.
+Writes bench/results/cpu_caps_cost.md and .json (cpu_caps_cost_repro.* for `--stages all`).
 """
 from __future__ import annotations
 
@@ -46,14 +49,26 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def run_stage(work: Path, mode: str, stage: str) -> float:
-    name, _, item = stage.partition("@")
+def stage_commands() -> dict[str, list[str]]:
+    """Every stage of dvc.yaml with the script and arguments of its command, in the order DVC runs them."""
+    dry = subprocess.run(["dvc", "repro", "--dry", "--force"], cwd=ROOT, capture_output=True, text=True, check=True)
+    commands, stage = {}, None
+    for line in dry.stdout.splitlines():
+        if line.startswith("Running stage '"):
+            stage = line.split("'")[1]
+        elif line.startswith("> python ") and stage:
+            commands[stage] = line.split()[2:]
+            stage = None
+    return commands
+
+
+def run_stage(work: Path, mode: str, argv: list[str]) -> float:
     keys = [*numerics.CPU_KERNEL_CAPS, *numerics.THREAD_COUNTS]
-    cmd = [sys.executable, "-c", LAUNCH.format(keys=keys), mode, f"stages/{name}.py", *([item] if item else [])]
+    cmd = [sys.executable, "-c", LAUNCH.format(keys=keys), mode, *argv]
     t0 = time.time()
     r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(work)})
     if r.returncode:
-        raise SystemExit(f"{stage} ({mode}) failed:\n{r.stderr[-3000:]}")
+        raise SystemExit(f"{' '.join(argv)} ({mode}) failed:\n{r.stderr[-3000:]}")
     return time.time() - t0
 
 
@@ -63,7 +78,11 @@ def main() -> None:
     ap.add_argument("--stages", default="adapt@xdbert,finetune@rte,pretrain_encoder")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
-    stages = args.stages.split(",")
+    commands = stage_commands()
+    stages = list(commands) if args.stages == "all" else args.stages.split(",")
+    unknown = sorted(set(stages) - set(commands))
+    if unknown:
+        raise SystemExit(f"unknown stage(s) {', '.join(unknown)}; dvc.yaml has {', '.join(commands)}")
     seconds: dict[str, dict[str, list[float]]] = {s: {"capped": [], "plain": []} for s in stages}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -74,7 +93,7 @@ def main() -> None:
             order = ("capped", "plain") if r % 2 == 0 else ("plain", "capped")
             for mode in order:
                 for stage in stages:
-                    seconds[stage][mode].append(run_stage(work, mode, stage))
+                    seconds[stage][mode].append(run_stage(work, mode, commands[stage]))
                     print(f"round {r + 1} {mode:6} {stage}: {seconds[stage][mode][-1]:.1f} s", flush=True)
     total = {mode: sum(sum(v[mode]) for v in seconds.values()) for mode in ("capped", "plain")}
     from xdbert.numerics import cpu_description
@@ -82,8 +101,9 @@ def main() -> None:
     cpu = cpu_description()
     result = {"cpu": cpu, "rounds": args.rounds, "seconds": seconds, "total": total,
               "ratio_capped_to_plain": total["capped"] / total["plain"], "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+    stem = "cpu_caps_cost_repro" if args.stages == "all" else "cpu_caps_cost"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cpu_caps_cost.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# The CPU kernel caps' cost: {cpu.get('model name', '?')} (family {cpu.get('cpu family', '?')}), "
              f"{os.cpu_count()} cores", "",
              f"Each stage script ran {args.rounds} times capped (AVX2 kernels, 2 threads: `xdbert/numerics.py`) and "
@@ -96,7 +116,7 @@ def main() -> None:
                      f"{', '.join(f'{x:.1f}' for x in v['plain'])} | {c / p:.3f} |")
     lines += [f"| **all** | {total['capped']:.1f} | {total['plain']:.1f} | **{result['ratio_capped_to_plain']:.3f}** |",
               "", f"Rerun with `python {' '.join(sys.argv)}`."]
-    (args.out / "cpu_caps_cost.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
