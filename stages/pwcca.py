@@ -1,7 +1,7 @@
 """Stage `pwcca`: paper Table 2, PWCCA between word-embedding matrices before co-training.
 
     params: profile, model.{encoder, encoder_config, clip, clip_pretrained, seed},
-            pwcca.{electra, clip_tower, pairs, eps, weight_by, min_words_ratio, seed}
+            pwcca.{electra, clip_tower, pairs, eps, convention, weight_by, min_words_ratio, seed}
     deps:   models/tokenizer (the language encoder's vocabulary), models/pretrain_encoder,
             models/pretrain_clip (CLIP-T as the adaptation starts from it)
     outs:   reports/table2.md, results/pwcca.json
@@ -55,13 +55,14 @@ def main() -> None:
     shared = W.shared_words({k: v for k, v in words.items() if k in used | {"encoder"}})
     views = {name: W.embedding_rows(matrices[name], words[name], shared) for name in matrices}
     views["random"] = W.uniform_noise(views["encoder"].shape, s.seed)
-    results = W.pairwise(views, s.pairs, eps=float(s.eps), weight_by=s.weight_by, min_ratio=s.min_words_ratio)
+    results = W.pairwise(views, s.pairs, eps=float(s.eps), weight_by=s.weight_by, min_ratio=s.min_words_ratio,
+                         convention=s.convention)
 
     names = W.system_names(m["encoder"], s.electra, clip_name)
     paper = p["profile"] == "paper"
     rows = W.table2_rows(results, views, len(shared), paper)
     io.write_json(PWCCA_METRICS, {"profile": p["profile"], "shared_words": len(shared), "eps": s.eps,
-                                  "weight_by": s.weight_by, "systems": {k: names[k] for k in used},
+                                  "convention": s.convention, "weight_by": s.weight_by, "systems": {k: names[k] for k in used},
                                   "pairs": {f"{r['a']}/{r['b']}": r for r in rows}})
     head = header("Table 2: PWCCA of word embeddings before co-training", p["profile"],
                   ", ".join(names[k] for k in W.SYSTEMS if k in used), "-")

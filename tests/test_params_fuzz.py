@@ -227,7 +227,7 @@ SCHEMA: dict[str, Spec] = {
                         wrong("list"), st.sampled_from([[], [["encoder", "encoder"]], [["encoder", "bert"]], [["clip"]], ["clip"]])),
     "pwcca.eps": spec(st.one_of(st.floats(0, 1e-2), st.just(0)), wrong("int", "float"),
                       st.one_of(st.floats(max_value=0, exclude_max=True), st.sampled_from([math.nan, math.inf]))),
-    "pwcca.weight_by": choice("x", "y", "smaller"), "pwcca.min_words_ratio": pos_float(50.0), "pwcca.seed": non_negative(),
+    "pwcca.weight_by": choice("x", "y", "smaller"), "pwcca.convention": choice("svcca", "whitened"), "pwcca.min_words_ratio": pos_float(50.0), "pwcca.seed": non_negative(),
 
     "grounding.tasks": names(lambda p: [t for t in TASK_TITLES if t in p["tasks"]["names"]],
                              required=lambda p: [p["grounding"]["examples_task"]],

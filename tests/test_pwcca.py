@@ -1,4 +1,7 @@
 """PWCCA (paper Table 2): CCA against independent computations, invariances, and the word-set guards."""
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -75,6 +78,7 @@ def test_matches_direct_computation():
     rho, a, xc = direct_cca(x, y)
     got = P.cca(x, y, eps=0.0)
     np.testing.assert_allclose(got.rho, rho, atol=1e-10)
+    np.testing.assert_allclose(P.pwcca(x, y, eps=0.0, convention="svcca").rho, rho, atol=1e-10)
     # the variates from both routes are the same directions (up to sign)
     h_ref = xc @ a
     h_ref /= np.linalg.norm(h_ref, axis=0)
@@ -87,11 +91,69 @@ def test_matches_direct_computation():
     hy /= np.linalg.norm(hy, axis=0)
     weights = np.abs(hy.T @ ycc).sum(axis=1)
     weights /= weights.sum()
-    res = P.pwcca(x, y, eps=0.0)
+    res = P.pwcca(x, y, eps=0.0, convention="whitened")
     assert res.weighted_by == "y"
     np.testing.assert_allclose(res.weights, weights, atol=1e-8)
     assert res.value == pytest.approx(float(weights @ rho_y), abs=1e-10)
     assert P.pwcca(x, y, eps=0.0, weight_by="x").weighted_by == "x"
+
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "pwcca_reference"
+
+
+def reference_cases():
+    cases = json.loads((REFERENCE / "reference.json").read_text())["cases"]
+    return [pytest.param(c, id=f"case{c['case']}-eps{c['epsilon']:g}") for c in cases]
+
+
+@pytest.mark.skipif(not REFERENCE.is_dir(), reason="../shared/pwcca_reference is not beside the checkout")
+@pytest.mark.parametrize("case", reference_cases() if REFERENCE.is_dir() else [])
+def test_svcca_convention_matches_google_svcca(case):
+    """Values google/svcca's compute_pwcca computed on fixed views (../shared/pwcca_reference)."""
+    views = np.load(REFERENCE / "views.npz")
+    x, y = views[case["x"]], views[case["y"]]
+    got = P.pwcca(x, y, eps=case["epsilon"], min_ratio=1, convention="svcca")
+    assert len(got.rho) == case["n_coefficients"]
+    assert got.value == pytest.approx(case["pwcca"], abs=1e-8)
+    assert float(np.mean(got.rho)) == pytest.approx(case["mean_cca"], abs=1e-8)
+    # the whitened convention finds the same correlations but weighs them otherwise, by Table 2-sized gaps
+    whitened = P.pwcca(x, y, eps=case["epsilon"], min_ratio=1, convention="whitened")
+    assert float(np.mean(whitened.rho)) == pytest.approx(case["mean_cca"], abs=1e-4)  # its eps is relative otherwise
+    assert abs(whitened.value - case["pwcca"]) > 0.02
+
+
+def svcca_second_view(x, y):
+    """svcca's formula in its own (neurons, data points) layout for the case it cannot run (the second view
+    narrower), weighting by the second view's activations as the code intends (svcca PR #9)."""
+    a1, a2 = x.T, y.T
+    cov = np.cov(a1, a2)
+    d1 = len(a1)
+    sxx, syy, sxy = cov[:d1, :d1], cov[d1:, d1:], cov[:d1, d1:]
+    xm, ym = np.abs(sxx).max(), np.abs(syy).max()
+    sxx, syy, sxy = sxx / xm, syy / ym, sxy / np.sqrt(xm * ym)
+
+    def sqrtm(a):
+        w, v = np.linalg.eigh(a)
+        return v @ np.diag(np.sqrt(w)) @ v.T
+
+    _, s, v = np.linalg.svd(sqrtm(np.linalg.pinv(sxx)) @ sxy @ sqrtm(np.linalg.pinv(syy)))
+    means = a2.mean(axis=1, keepdims=True)
+    q, _ = np.linalg.qr((v @ (a2 - means) + means).T)
+    weights = np.abs(q.T @ a2.T).sum(axis=1)
+    return float(np.sum(weights / weights.sum() * s))
+
+
+def test_svcca_convention_weights_a_narrower_second_view_by_that_view():
+    x, y = views(n=400, d1=12, d2=6, seed=5)
+    got = P.pwcca(x, y, eps=0.0, convention="svcca")
+    assert got.weighted_by == "y" and len(got.weights) == 6
+    assert got.value == pytest.approx(svcca_second_view(x, y), abs=1e-10)
+
+
+def test_unknown_convention_is_refused():
+    x, y = views()
+    with pytest.raises(ValueError, match="convention must be one of"):
+        P.pwcca(x, y, convention="morcos")
 
 
 def test_too_few_words_names_both_numbers():
@@ -170,8 +232,8 @@ def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
         "profile": "paper",
         "model": {"encoder": "random:bert", "encoder_config": {"hidden_size": 32, "num_hidden_layers": 1,
                   "num_attention_heads": 2, "intermediate_size": 64}, "clip": "xdbert-tiny", "clip_pretrained": "", "seed": 0},
-        "pwcca": {"electra": str(electra_dir), "clip_tower": "", "eps": 1e-6, "weight_by": "smaller",
-                  "min_words_ratio": 5, "seed": 0,
+        "pwcca": {"electra": str(electra_dir), "clip_tower": "", "eps": 1e-6, "convention": "svcca",
+                  "weight_by": "smaller", "min_words_ratio": 5, "seed": 0,
                   "pairs": [["encoder", "electra"], ["encoder", "clip"], ["electra", "clip"], ["encoder", "random"]]},
     }
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -193,6 +255,7 @@ def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
     assert all(0 < r["pwcca"] < 1 for r in pairs.values())
     md = (tmp_path / "reports" / "table2.md").read_text()
     assert "| L/CLIP |" in md and "| 0.498 |" in md and "| ELECTRA/CLIP |" in md and "400 shared words" in md
+    assert out["convention"] == "svcca" and "**svcca** convention: google/svcca's `compute_pwcca`" in md
 
     params["pwcca"]["min_words_ratio"] = 20  # 400 words < 20 x 64
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -221,6 +284,7 @@ def test_settings_from_the_embedded_profile():
     assert (s.eps, s.weight_by, s.min_words_ratio, s.seed, s.clip_tower) == (1e-6, "smaller", 5.0, 0, "")
     paper = P.PwccaSettings.from_params(values("paper"))
     assert paper.electra == "google/electra-base-discriminator" and ("encoder", "electra") in paper.pairs
+    assert paper.convention == "svcca"  # the reference's, as the paper most likely computed Table 2
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -234,6 +298,7 @@ def test_settings_from_the_embedded_profile():
     ({"electra": 5}, "`pwcca.electra` must be an ELECTRA hub id or folder, or \"\" for none; got 5"),
     ({"clip_tower": ["models"]}, "`pwcca.clip_tower` must be a saved CLIP tower folder"),
     ({"weight_by": "z"}, "unknown pwcca.weight_by 'z'; allowed: x, y, smaller"),
+    ({"convention": "morcos"}, "unknown pwcca.convention 'morcos'; allowed: svcca, whitened"),
     ({"min_words_ratio": 0}, "`pwcca.min_words_ratio` must be a positive number"),
     ({"seed": -2}, "`pwcca.seed` must be a non-negative integer"),
     ({"clip_tower": "models/nothing"}, "`pwcca.clip_tower: models/nothing` is not a saved CLIP tower folder"),

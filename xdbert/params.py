@@ -32,7 +32,7 @@ KEYS = {
               "mlm_negatives", "loss_weights", "init_range", "cliptc_vocab", "epochs", "lr", "warmup_ratio",
               "weight_decay", "batch_size", "micro_batch_size", "mlm_prob", "match_prob", "cliptc_prob",
               "checkpoint_every", "eval_windows", "precision", "compile", "seed"),
-    "pwcca": ("electra", "clip_tower", "pairs", "eps", "weight_by", "min_words_ratio", "seed"),
+    "pwcca": ("electra", "clip_tower", "pairs", "eps", "convention", "weight_by", "min_words_ratio", "seed"),
     "grounding": ("tasks", "baseline", "model", "threshold", "captions", "captions_hub_split", "captions_hub_column",
                   "n_captions", "seed", "stopwords", "examples_task", "examples_per_class"),
     "attention": ("variants", "task", "index", "max_len", "clip_blocks_per_sentence", "windows", "batch_size"),

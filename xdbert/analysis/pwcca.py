@@ -10,7 +10,22 @@ canonical correlations. PWCCA (Morcos, Raghu and Bengio, 2018) summarises them a
 which a canonical direction counts as much as it accounts for the original dimensions of one view,
 so directions that merely fit noise in a few dimensions count little.
 
-Method (all float64):
+Two conventions for the weights (param `pwcca.convention`); the canonical correlations are the same:
+  svcca     as google/svcca's `compute_pwcca` computes them, which PWCCA papers (and most likely this one)
+            ran: the directions are the weighting view's centred columns rotated by the SVD's singular
+            vectors, `(x - mean) U`, *without* the whitening, with the column means added back; weights
+            sum the projections of the raw (uncentred) columns. Its covariances are scaled by their
+            largest entry, dimensions whose scaled variance is below `eps` are dropped, and `eps` is added
+            to the scaled diagonals. Where the second view is the narrower one, svcca indexes the first
+            view with the second's mask and raises IndexError (its PR #9); here that case weights by the
+            second view, as the code intends.
+  whitened  the canonical variates of Morcos et al.'s text, `(x - mean) Sxx^-1/2 U`, and the centred
+            columns; `eps` times the mean variance is added to both diagonals.
+On the same views the two agree on the mean CCA but differ on PWCCA by as much as Table 2's gaps
+(0.02-0.13 on synthetic views), so each report says which ran; tests/test_pwcca.py checks `svcca`
+against values google/svcca computed (../shared/pwcca_reference).
+
+Method of the `whitened` CCA (all float64):
   1. centre both views;
   2. covariances Sxx, Syy, Sxy, with `eps` times the mean variance added to the diagonals of Sxx and
      Syy (a ridge relative to the data's scale, so near-singular covariances stay invertible and the
@@ -18,7 +33,7 @@ Method (all float64):
   3. whiten: T = Sxx^-1/2 Sxy Syy^-1/2; the singular values of T are the canonical correlations and
      Sxx^-1/2 U, Syy^-1/2 V the canonical coefficient vectors.
 
-Written for this project in the manner of google/svcca's `cca_core.py` (that code was not copied).
+Written for this project from the papers and google/svcca's documented behaviour (its code was not copied).
 """
 from __future__ import annotations
 
@@ -33,6 +48,9 @@ from xdbert.errors import PipelineError
 from xdbert.paths import PRETRAIN_CLIP
 
 WEIGHT_VIEWS = ("x", "y", "smaller")
+CONVENTIONS = ("svcca", "whitened")
+CONVENTION_TEXT = {"svcca": "google/svcca's `compute_pwcca`, directions `(x - mean) U` without whitening, means added back",
+                   "whitened": "the whitened canonical variates of Morcos et al.'s text"}
 DEFAULT_MIN_RATIO = 5.0
 # Table 2's systems: the language encoder before adaptation, a second encoder, CLIP-T, uniform noise
 SYSTEMS = ("encoder", "electra", "clip", "random")
@@ -56,6 +74,7 @@ class PwccaSettings:
     pairs: tuple[tuple[str, str], ...]
     electra: str | None
     eps: Any
+    convention: str
     weight_by: str
     min_words_ratio: float
     seed: int
@@ -85,6 +104,7 @@ class PwccaSettings:
         eps = get("eps")
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < float("inf"):  # not NaN either
             raise PipelineError(f"`pwcca.eps` must be a number >= 0; got {eps!r}")
+        convention = P.choice(get("convention"), "pwcca.convention", CONVENTIONS)
         weight_by = P.choice(get("weight_by"), "pwcca.weight_by", WEIGHT_VIEWS)
         min_words_ratio = P.positive(get("min_words_ratio"), "pwcca.min_words_ratio", float)
         seed = P.non_negative(get("seed"), "pwcca.seed")
@@ -94,7 +114,8 @@ class PwccaSettings:
         if files and clip_tower and not (Path(clip_tower) / "clip_config.json").is_file():
             raise PipelineError(f"`pwcca.clip_tower: {clip_tower}` is not a saved CLIP tower folder (no clip_config.json); "
                                 f"leave it empty for the tower the adaptation starts from ({PRETRAIN_CLIP})")
-        return cls(tuple(tuple(pair) for pair in pairs), electra, eps, weight_by, min_words_ratio, seed, clip_tower)
+        return cls(tuple(tuple(pair) for pair in pairs), electra, eps, convention, weight_by, min_words_ratio, seed,
+                   clip_tower)
 
     @property
     def systems(self) -> set[str]:
@@ -134,6 +155,7 @@ class PWCCAResult:
     weights: np.ndarray
     rho: np.ndarray
     weighted_by: str   # "x" or "y": the view whose dimensions the weights measure
+    convention: str    # one of CONVENTIONS
 
 
 def _as_views(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -203,29 +225,77 @@ def check_sample_size(n_words: int, d1: int, d2: int, min_ratio: float = DEFAULT
             f"vocabularies that share more whole words, or lower the ratio knowingly")
 
 
+def _pinv_sqrt(cov: np.ndarray) -> np.ndarray:
+    """Square root of the pseudo-inverse of a covariance: directions with no variance get 0, not inf."""
+    w, v = np.linalg.eigh(cov)
+    keep = w > max(float(w.max()), 0.0) * 1e-15
+    root = np.zeros_like(w)
+    root[keep] = 1.0 / np.sqrt(w[keep])
+    return (v * root) @ v.T
+
+
+def _svcca_weights(x: np.ndarray, y: np.ndarray, eps: float, weight_by: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """Canonical correlations and projection weights in google/svcca's convention (module docstring).
+
+    Returns (rho, weights, view) with `view` the weighting view, "x" or "y"."""
+    n = x.shape[0]
+    x_mean, y_mean = x.mean(axis=0), y.mean(axis=0)
+    xc, yc = x - x_mean, y - y_mean
+    sxx, syy, sxy = xc.T @ xc / (n - 1), yc.T @ yc / (n - 1), xc.T @ yc / (n - 1)
+    x_scale, y_scale = np.abs(sxx).max(), np.abs(syy).max()
+    if x_scale == 0 or y_scale == 0:
+        raise ValueError("a view is constant: CCA needs variance in both views")
+    sxx, syy, sxy = sxx / x_scale, syy / y_scale, sxy / np.sqrt(x_scale * y_scale)
+    # Dimensions whose variance is below eps of the largest carry nothing CCA can use: svcca drops them.
+    kx, ky = np.diag(sxx) >= eps, np.diag(syy) >= eps
+    sxx, syy, sxy = sxx[np.ix_(kx, kx)], syy[np.ix_(ky, ky)], sxy[np.ix_(kx, ky)]
+    wx = _pinv_sqrt(sxx + eps * np.eye(len(sxx)))
+    wy = _pinv_sqrt(syy + eps * np.eye(len(syy)))
+    u, rho, vt = np.linalg.svd(wx @ sxy @ wy)
+    rho = np.clip(rho, 0.0, 1.0)
+    if weight_by == "smaller":
+        weight_by = "x" if kx.sum() <= ky.sum() else "y"
+    raw, centred, mean, rotation = ((x[:, kx], xc[:, kx], x_mean[kx], u) if weight_by == "x"
+                                    else (y[:, ky], yc[:, ky], y_mean[ky], vt.T))
+    # The directions keep the view's scale (no whitening) and get the column means back, one per direction.
+    directions = centred @ rotation + mean
+    q, _ = np.linalg.qr(directions)
+    weights = np.abs(q.T @ raw).sum(axis=1)[: len(rho)]
+    return rho, weights / weights.sum(), weight_by
+
+
 def pwcca(x: np.ndarray, y: np.ndarray, eps: float = 1e-6, weight_by: str = "smaller",
-          min_ratio: float = DEFAULT_MIN_RATIO) -> PWCCAResult:
+          min_ratio: float = DEFAULT_MIN_RATIO, convention: str = "svcca") -> PWCCAResult:
     """Projection-weighted mean of the canonical correlations of x and y (Morcos et al., 2018).
 
     Each canonical direction i of the weighting view v gets weight alpha_i = sum_j |<h_i, v_j>|, where
-    h_i are the view's canonical variates orthonormalised (QR) and v_j its centred columns: how much
-    of the original dimensions the direction accounts for. The weights are normalised to sum to 1 and
-    PWCCA = sum_i alpha_i rho_i.
+    h_i are the view's canonical directions orthonormalised (QR) and v_j its columns: how much of the
+    original dimensions the direction accounts for. The weights are normalised to sum to 1 and
+    PWCCA = sum_i alpha_i rho_i. What h_i and v_j are, and what `eps` means, is the `convention`'s
+    (module docstring).
 
     Args:
       x, y: views (n, d1) and (n, d2) over the same n words.
-      eps: covariance ridge, see `cca`.
+      eps: covariance ridge (and, for svcca, the variance below which a dimension is dropped).
       weight_by: "x", "y", or "smaller" (the narrower view, x on a tie: its k canonical directions span
         its whole space; this is the convention of svcca's `compute_pwcca`).
       min_ratio: n must be at least this many times max(d1, d2), else PipelineError (`check_sample_size`).
+      convention: "svcca" (google/svcca's `compute_pwcca`) or "whitened" (the canonical variates).
 
     Returns:
       A `PWCCAResult`; `value` is 1 for views that are invertible linear maps of each other.
     """
     if weight_by not in WEIGHT_VIEWS:
         raise ValueError(f"weight_by must be one of {WEIGHT_VIEWS}; got {weight_by!r}")
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}; got {convention!r}")
     x, y = _as_views(x, y)
     check_sample_size(x.shape[0], x.shape[1], y.shape[1], min_ratio)
+    if convention == "svcca":
+        if eps < 0:
+            raise ValueError(f"eps must be >= 0; got {eps}")
+        rho, weights, weight_by = _svcca_weights(x, y, eps, weight_by)
+        return PWCCAResult(float(weights @ rho), weights, rho, weight_by, convention)
     result = cca(x, y, eps)
     if weight_by == "smaller":
         weight_by = "x" if x.shape[1] <= y.shape[1] else "y"
@@ -233,7 +303,7 @@ def pwcca(x: np.ndarray, y: np.ndarray, eps: float = 1e-6, weight_by: str = "sma
     q, _ = np.linalg.qr(variates)              # (n, k) orthonormal basis of the canonical variates
     weights = np.abs(q.T @ view).sum(axis=1)   # (k,) projection of every original dimension
     weights = weights / weights.sum()
-    return PWCCAResult(value=float(weights @ result.rho), weights=weights, rho=result.rho, weighted_by=weight_by)
+    return PWCCAResult(float(weights @ result.rho), weights, result.rho, weight_by, convention)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -299,14 +369,15 @@ def uniform_noise(shape: tuple[int, int], seed: int) -> np.ndarray:
 
 
 def pairwise(views: Mapping[str, np.ndarray], pairs: Iterable[tuple[str, str]], eps: float = 1e-6,
-             weight_by: str = "smaller", min_ratio: float = DEFAULT_MIN_RATIO) -> dict[tuple[str, str], PWCCAResult]:
+             weight_by: str = "smaller", min_ratio: float = DEFAULT_MIN_RATIO,
+             convention: str = "svcca") -> dict[tuple[str, str], PWCCAResult]:
     """PWCCA of every (a, b) in `pairs` between the named views (all over the same words)."""
     out = {}
     for a, b in pairs:
         for name in (a, b):
             if name not in views:
                 raise PipelineError(f"unknown PWCCA system {name!r}; available: {', '.join(views)}")
-        out[(a, b)] = pwcca(views[a], views[b], eps=eps, weight_by=weight_by, min_ratio=min_ratio)
+        out[(a, b)] = pwcca(views[a], views[b], eps=eps, weight_by=weight_by, min_ratio=min_ratio, convention=convention)
     return out
 
 
@@ -339,7 +410,8 @@ def table2_markdown(head: str, rows: list[dict], names: Mapping[str, str], used:
           f"Embedding rows of the ORIGINAL (pre-adaptation) models over **{n_shared} shared words**: whole lowercase "
           f"words present in every compared vocabulary (WordPiece `word`, CLIP BPE `word</w>`). RANDOM is U[-1, 1) "
           f"noise of the encoder's shape (seed {s.seed}). PWCCA: projection-weighted mean of the canonical "
-          f"correlations (Morcos et al., 2018), weights from the {s.weight_by} view, covariance ridge eps={s.eps}.",
+          f"correlations (Morcos et al., 2018), weights from the {s.weight_by} view, covariance ridge eps={s.eps}, "
+          f"**{s.convention}** convention: {CONVENTION_TEXT[s.convention]}.",
           "", "The RANDOM row is the level two unrelated matrices reach with this many words and these widths (CCA "
           "fits noise with few words per dimension); compare the other rows with it, not with 0.",
           "", "| systems | PWCCA | mean CCA | shared words | widths |" + (" paper |" if paper else ""),
