@@ -1,4 +1,6 @@
 """Params checks, atomic outputs and the profile switch."""
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +37,22 @@ def test_atomic_dir_swaps_whole_directory(tmp_path):
         (tmp / "z").write_text("3")
     assert sorted(p.name for p in target.iterdir()) == ["z"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+
+
+@pytest.mark.parametrize("umask, folder, file", [(0o022, 0o755, 0o644), (0o002, 0o775, 0o664), (0o077, 0o700, 0o600)])
+def test_outputs_get_the_modes_the_umask_gives(tmp_path, umask, folder, file):
+    """A shared cluster group must read the outputs: a folder written through a private temp folder gets
+    the mode any folder the user makes gets, not mkdtemp's 0700."""
+    old = os.umask(umask)
+    try:
+        with io.atomic_path(tmp_path / "models" / "adapted", is_dir=True) as tmp:
+            (tmp / "config.json").write_text("{}")
+        io.write_text(tmp_path / "reports" / "table1.md", "| |")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "models" / "adapted").stat().st_mode) == folder
+    assert stat.S_IMODE((tmp_path / "models" / "adapted" / "config.json").stat().st_mode) == file
+    assert stat.S_IMODE((tmp_path / "reports" / "table1.md").stat().st_mode) == file
 
 
 def test_params_read_exponent_floats_as_numbers(tmp_path):

@@ -31,6 +31,10 @@ def atomic_path(target: str | os.PathLike, is_dir: bool = False) -> Iterator[Pat
     work = tmp if is_dir else tmp / target.name
     try:
         yield work
+        if is_dir:
+            # mkdtemp makes the folder private (0700); an output must be readable as any folder the
+            # user makes is (0755 under the usual umask), e.g. by a cluster group sharing the results.
+            os.chmod(work, 0o777 & ~_umask())
         if target.is_dir() and not target.is_symlink():
             # A directory cannot be replaced by rename while it exists: move it aside first so the
             # window without a complete output is a single rename long.
@@ -42,6 +46,12 @@ def atomic_path(target: str | os.PathLike, is_dir: bool = False) -> Iterator[Pat
             os.replace(work, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
