@@ -3,7 +3,11 @@
 Writes models/adapted/<variant> (the language encoder alone, a plain `save_pretrained` folder),
 models/crossmodal/<variant> (the whole cross-modal model) and metrics/adapt/<variant>.json.
 Checkpoints go to checkpoints/adapt/<variant>.pt, outside DVC's outputs, so a killed run resumes.
+On a machine with several GPUs it runs once per GPU (xdbert.adaptation.launch); the main process
+alone writes the outputs and removes the checkpoint.
 """
+import contextlib
+import subprocess
 import sys
 
 from xdbert import io, params, paths, runlog
@@ -22,6 +26,16 @@ def main() -> None:
     model = ModelSettings.from_params(p)
 
     # Heavy imports after the params are known to be good: a typo fails in a second.
+    import torch
+
+    from xdbert.adaptation.launch import launch_command
+
+    command = launch_command(sys.argv, torch.cuda.device_count())
+    if command:
+        print(f"adapt@{variant}: one process per GPU: {' '.join(command)}", flush=True)
+        raise SystemExit(subprocess.call(command))
+
+    from accelerate import PartialState
     from dvclive import Live
     from transformers import AutoTokenizer
 
@@ -46,13 +60,21 @@ def main() -> None:
     # The plots (a DVC output) are written aside and renamed when training ends: a run that fails
     # (a damaged checkpoint, a full disk) leaves the last complete plots, and a resumed run replays its
     # earlier steps into them (xdbert.adaptation.loop).
-    with io.atomic_path(paths.ADAPT_PLOTS / variant, is_dir=True) as plots, \
-            Live(dir=str(plots), save_dvc_exp=False, dvcyaml=None) as live:
+    # as the loop's Accelerator will see it: on a CPU, several launched processes join over gloo
+    main_process = PartialState(cpu=not torch.cuda.is_available()).is_main_process
+    with contextlib.ExitStack() as outputs:
+        live = None
+        if main_process:
+            plots = outputs.enter_context(io.atomic_path(paths.ADAPT_PLOTS / variant, is_dir=True))
+            live = outputs.enter_context(Live(dir=str(plots), save_dvc_exp=False, dvcyaml=None))
+
         def log(metrics: dict, step: int) -> None:
             for k, v in metrics.items():
                 live.log_metric(k, v, plot=True)
             live.next_step()
-        metrics = adapt(xdbert, train, valid, make_batch, settings, checkpoint, log=log)
+        metrics = adapt(xdbert, train, valid, make_batch, settings, checkpoint, log=log if live else None)
+    if not main_process:
+        return
 
     save_adapted(xdbert, paths.adapted(variant), tokenizer_dir=paths.TOKENIZER)
     if variant != "baseline":

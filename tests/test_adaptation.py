@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,44 @@ def test_training_lowers_each_loss(trained):
     assert m["train_mlm_accuracy"] > m["first_mlm_accuracy"]
     for name in LOSSES:  # valid metrics come from the fixed-seed evaluation on the valid split
         assert np.isfinite(m[f"valid_{name}_loss"]) and 0 <= m[f"valid_{name}_accuracy"] <= 1
+
+
+def test_fp16_on_the_cpu_autocasts_scales_the_loss_and_learns(data, tmp_path, monkeypatch):
+    """fp16 as a V100 or T4 runs it (no such GPU here, so on the CPU): the forward in half precision, the
+    loss scaled by torch's GradScaler, the scale kept in the checkpoint, and training still learns."""
+    scales = []
+    update = torch.amp.GradScaler.update
+
+    def recording_update(self, *args):
+        scales.append(self.get_scale())
+        update(self, *args)
+
+    monkeypatch.setattr(torch.amp.GradScaler, "update", recording_update)
+    s = settings(epochs=20, batch_size=16, micro_batch_size=16, warmup_ratio=0.05, eval_windows=8,
+                 checkpoint_every=10, precision="fp16")
+    model = build_model(data)
+    dtypes = set()
+    model.cross_layers[0].language_ffn.dense_in.register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))
+    checkpoint = tmp_path / "fp16.pt"
+    metrics = adapt(model, Subset(data[0], np.tile([0, 1], 8)), data[1], make_batch(data, s), s, checkpoint, stop_after=10)
+    assert torch.float16 in dtypes  # training steps ran in fp16 (evaluation runs in fp32)
+    assert len(scales) == 10 and scales[0] == 2.0 ** 16  # GradScaler's initial scale, then updated each step
+    saved = torch.load(checkpoint, weights_only=False)["scaler"]
+    assert saved["scale"] > 0 and saved["_growth_tracker"] >= 0
+    assert metrics["precision"] == "fp16" and metrics["steps"] == 10
+    assert metrics["train_mlm_loss"] < metrics["first_mlm_loss"] - 0.3
+
+
+def test_auto_precision_follows_the_gpu(monkeypatch):
+    from xdbert import training
+
+    assert training.mixed_precision("auto", "cpu") == "no"
+    for capability, expected in (((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert training.mixed_precision("auto", "cuda:0") == expected  # V100, T4, A100, H100
+    assert training.mixed_precision("fp16", "cpu") == "fp16" and training.mixed_precision("no", "cuda:0") == "no"
+    with pytest.raises(PipelineError, match="unknown precision 'fp8'; allowed: auto, bf16, fp16, no"):
+        training.mixed_precision("fp8", "cpu")
 
 
 def test_loss_weights_scale_each_objective_in_the_trained_loss(data):
@@ -340,7 +379,7 @@ def test_variant_settings_apply_overrides_and_name_the_key_a_value_came_from():
     with pytest.raises(PipelineError, match=r"adapt.variants.mlm overrides unknown keys \['nope'\]"):
         AdaptSettings.from_params(p, "mlm")
     p["adapt"]["precision"] = "fp8"
-    with pytest.raises(PipelineError, match="unknown adapt.precision 'fp8'; allowed: auto, bf16, no"):
+    with pytest.raises(PipelineError, match="unknown adapt.precision 'fp8'; allowed: auto, bf16, fp16, no"):
         AdaptSettings.from_params(p, "xdbert")
 
 
@@ -466,3 +505,104 @@ def test_stage_writes_encoder_full_model_and_metrics(repo, tmp_path, monkeypatch
     assert all(np.isfinite(metrics[f"valid_{k}_loss"]) for k in LOSSES)
     assert not (cwd / "checkpoints" / "adapt" / "xdbert.pt").exists()  # done: the checkpoint is removed
     assert (cwd / "dvclive" / "adapt" / "xdbert").is_dir()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Several processes (one per GPU on a GPU machine): the same training as one process
+# ---------------------------------------------------------------------------------------------------
+
+VARIANTS = [*values("embedded")["adapt"]["variants"], "baseline"]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def adapt_in_processes(repo: Path, root: Path, world: int) -> list[subprocess.CompletedProcess]:
+    """Every variant through the stage's own code, in `world` processes together (gloo), each rank in its
+    own copy of the folder so what each one writes can be told apart."""
+    changes = {**TINY_MODEL, "model.seed": 0, "adapt.epochs": 1, "adapt.batch_size": 8, "adapt.micro_batch_size": 2,
+               "adapt.eval_windows": 4, "adapt.checkpoint_every": 2, "adapt.warmup_ratio": 0.0}
+    for rank in range(world):
+        for variant in VARIANTS:
+            folder = root / f"rank{rank}" / variant
+            folder.mkdir(parents=True)
+            stage_folder(folder, repo, variant, changes)
+            shutil.rmtree(folder / "models" / "adapted")  # no previous output: whatever appears was written here
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if world > 1:  # what `accelerate launch` sets in each process it starts
+        env.update(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "adapt_processes.py"), str(root), *VARIANTS],
+                              env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r)} if world > 1 else {})},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    streams = [p.communicate(timeout=600) for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, streams)]
+
+
+def outputs(folder: Path, variant: str) -> tuple[dict, dict]:
+    """(every tensor the stage saved, by file and name; the metrics without wall-clock and process count)."""
+    from safetensors.torch import load_file
+
+    tensors = {f"{path.relative_to(folder)}:{name}": t for path in sorted((folder / "models").rglob("*.safetensors"))
+               for name, t in load_file(path).items()}
+    metrics = json.loads((folder / "metrics" / "adapt" / f"{variant}.json").read_text())
+    return tensors, {k: v for k, v in metrics.items() if k not in ("seconds", "processes")}
+
+
+def key_bias(name: str, t: torch.Tensor) -> torch.Tensor:
+    """Which entries of tensor `name` are biases of attention keys (HF's `key.bias`, the middle third of
+    open_clip's `in_proj_bias`)."""
+    mask = torch.zeros_like(t, dtype=torch.bool)
+    if name.endswith("key.bias"):
+        mask[:] = True
+    elif name.endswith("in_proj_bias"):
+        width = t.shape[0] // 3
+        mask[width:2 * width] = True
+    return mask
+
+
+def test_two_processes_train_every_variant_as_one_does(repo, tmp_path):
+    """The same global batch over 2 processes (gloo) and over 1, with dropout on: the same weights and
+    metrics within float tolerance. Micro-batch j of a step is masked and dropped out from its own seeds,
+    so the two ranks draw different randomness, each what one process draws for that micro-batch. A
+    variant with a parameter no loss reaches (the last CLIP stream without CLIPTC) would stop DDP."""
+    one = adapt_in_processes(repo, tmp_path / "one", 1)
+    two = adapt_in_processes(repo, tmp_path / "two", 2)
+    for result in one + two:
+        assert result.returncode == 0, result.stderr[-3000:]
+    for variant in VARIANTS:
+        single, main, other = (tmp_path / "one" / "rank0" / variant, tmp_path / "two" / "rank0" / variant,
+                               tmp_path / "two" / "rank1" / variant)
+        config = json.loads((single / "models" / "adapted" / variant / "config.json").read_text())
+        assert config["hidden_dropout_prob"] > 0 and config["attention_probs_dropout_prob"] > 0
+        (w1, m1), (w2, m2) = outputs(single, variant), outputs(main, variant)
+        assert w1.keys() == w2.keys() and len(w1) > 10
+        for name, t in w1.items():
+            loose = key_bias(name, t)
+            torch.testing.assert_close(w2[name][~loose], t[~loose], rtol=1e-4, atol=5e-6, msg=f"{variant} {name}")
+            # Attention ignores a shift shared by every key, so a key bias's true gradient is 0: Adam turns the
+            # float noise of that 0 into steps of up to lr, which differ with the order of sums.
+            torch.testing.assert_close(w2[name][loose], t[loose], rtol=0, atol=1e-4, msg=f"{variant} {name}")
+        assert m1.keys() == m2.keys() and m1["steps"] == m2["steps"] > 1
+        for key, value in m1.items():
+            assert m2[key] == (pytest.approx(value, rel=1e-4, abs=1e-5) if isinstance(value, float) else value), (variant, key)
+        assert json.loads((main / "metrics" / "adapt" / f"{variant}.json").read_text())["processes"] == 2
+        # the main process alone writes outputs and removes the checkpoint; the other wrote nothing
+        assert (main / "dvclive" / "adapt" / variant).is_dir() and not (main / "checkpoints" / "adapt" / f"{variant}.pt").exists()
+        assert sorted(p.name for p in other.iterdir()) == ["data", "models", "params.yaml"]
+        assert sorted(p.name for p in (other / "models").iterdir()) == ["pretrain_clip", "pretrain_encoder", "tokenizer"]
+
+
+def test_launch_command_starts_one_process_per_gpu_once():
+    from xdbert.adaptation.launch import launch_command
+
+    argv = ["stages/adapt.py", "xdbert"]
+    command = launch_command(argv, 4, env={})
+    assert command[1:3] == ["-m", "accelerate.commands.launch"] and command[-2:] == argv
+    assert command[command.index("--num_processes") + 1] == "4" and "--multi_gpu" in command
+    assert launch_command(argv, 1, env={}) is None and launch_command(argv, 0, env={}) is None
+    assert launch_command(argv, 4, env={"LOCAL_RANK": "0", "WORLD_SIZE": "4"}) is None  # a launched process trains

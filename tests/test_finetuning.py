@@ -129,6 +129,7 @@ def test_classification_learns_and_seeds_reproduce(bert_dir):
     first, other = grid.run_seeds(job, [0, 1], workers=1)
     again = train_seed(job, 0)
     assert first["metrics"]["dev"]["accuracy"] >= 0.9, first["metrics"]
+    assert first["precision"] == "no"  # `auto` on the CPU
     assert first["last_epoch_loss"] < 0.5 * first["first_epoch_loss"]
     np.testing.assert_array_equal(first["predictions"]["dev"], again["predictions"]["dev"])
     assert first["first_epoch_loss"] == again["first_epoch_loss"] and first["last_epoch_loss"] == again["last_epoch_loss"]
@@ -154,6 +155,19 @@ def test_multiple_choice_learns(bert_dir):
     assert r["metrics"]["dev"]["accuracy"] >= 0.6, r["metrics"]  # chance is 0.25
     assert r["last_epoch_loss"] < 0.7 * r["first_epoch_loss"]
     assert set(np.unique(r["predictions"]["dev"])) <= {0, 1, 2, 3}
+
+
+def test_fp16_forced_on_the_cpu_learns_with_loss_scaling(bert_dir, monkeypatch):
+    """What a V100 or T4 runs (`auto` there is fp16): autocast to half precision and a grad scaler."""
+    steps = []
+    step = torch.amp.GradScaler.step
+    monkeypatch.setattr(torch.amp.GradScaler, "step", lambda self, *a, **k: steps.append(self.is_enabled()) or step(self, *a, **k))
+    spec = get_task("sst2")
+    job = prepare("encoder", bert_dir, keyword_tables("sst2"), settings(spec, precision="fp16"))
+    r = train_seed(job, 0)
+    assert r["precision"] == "fp16" and steps and all(steps)
+    assert r["metrics"]["dev"]["accuracy"] >= 0.8, r["metrics"]
+    assert r["last_epoch_loss"] < 0.5 * r["first_epoch_loss"]
 
 
 def test_worker_pool_gives_the_same_results_as_one_process(bert_dir):

@@ -216,7 +216,7 @@ SCHEMA: dict[str, Spec] = {
     "adapt.micro_batch_size": spec(lambda p, path: st.integers(1, p["adapt"]["batch_size"]), wrong("int"),
                                    lambda p, path: st.one_of(NOT_POSITIVE_INT, st.integers(p["adapt"]["batch_size"] + 1, 10**5))),
     "adapt.checkpoint_every": pos_int(), "adapt.eval_windows": pos_int(),
-    "adapt.precision": choice("auto", "bf16", "no"), "adapt.seed": non_negative(),
+    "adapt.precision": choice("auto", "bf16", "fp16", "no"), "adapt.seed": non_negative(),
 
     "pwcca.electra": spec(st.one_of(st.just(""), NAME), wrong("text"),
                           lambda p, path: EMPTY if any("electra" in pair for pair in p["pwcca"]["pairs"]) else None),

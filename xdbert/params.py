@@ -43,6 +43,10 @@ KEYS = {
 }
 
 
+# What `adapt.precision` and `finetune.precision` may say (xdbert.training.mixed_precision).
+PRECISIONS = ("auto", "bf16", "fp16", "no")
+
+
 class Loader(yaml.SafeLoader):
     """YAML 1.2 floats: PyYAML follows YAML 1.1, where `1e-4` (no dot) is a string, not a number.
     DVC reads params.yaml as YAML 1.2, so `lr: 1e-4` must mean the same number here."""

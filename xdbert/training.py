@@ -17,6 +17,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from xdbert import io
 from xdbert.errors import PipelineError
+from xdbert.params import PRECISIONS
 
 
 def step_seed(seed: int, *parts: int) -> int:
@@ -50,13 +51,49 @@ def optimizer_and_schedule(
     return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
 
 
-def mixed_precision(setting: str) -> str:
-    """`auto` is bf16 on a GPU and full precision on the CPU (bf16 matmuls are slow on most CPUs)."""
-    if setting not in ("auto", "bf16", "no"):
-        raise PipelineError(f"unknown precision {setting!r}; allowed: auto, bf16, no")
-    if setting == "auto":
-        return "bf16" if torch.cuda.is_available() else "no"
-    return setting
+def mixed_precision(setting: str, device: str | torch.device) -> str:
+    """The precision a run on `device` computes in.
+
+    `auto` is bf16 where the GPU computes it natively (compute capability 8.0+: A100, H100), fp16 with
+    loss scaling where it does not (V100, T4: the paper's own GPUs), and full precision on the CPU,
+    where bf16 and fp16 matmuls are slow on most CPUs."""
+    if setting not in PRECISIONS:
+        raise PipelineError(f"unknown precision {setting!r}; allowed: {', '.join(PRECISIONS)}")
+    if setting != "auto":
+        return setting
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "no"
+    return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
+
+
+class Precision:
+    """Autocast and, for fp16, loss scaling for one training loop, the same code on a GPU and on a CPU.
+
+    fp16's narrow range underflows small gradients to 0, so the loss is scaled up before backward, the
+    gradients are unscaled before clipping, and a step whose gradients overflowed is skipped with a
+    smaller scale (torch's GradScaler). bf16 has fp32's range and needs none of it.
+    """
+
+    def __init__(self, setting: str, device: str | torch.device):
+        self.device = torch.device(device)
+        self.name = mixed_precision(setting, self.device)
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.name)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.name == "fp16")
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward on."""
+        return self.scaler.scale(loss)
+
+    def step(self, optimizer: torch.optim.Optimizer, parameters, max_grad_norm: float, clip=None) -> None:
+        """Unscale, clip to `max_grad_norm` (with `clip`, e.g. accelerate's, or torch's) and step."""
+        self.scaler.unscale_(optimizer)
+        (clip or torch.nn.utils.clip_grad_norm_)(parameters, max_grad_norm)
+        self.scaler.step(optimizer)
+        self.scaler.update()
 
 
 def device_name(device: str | torch.device) -> str:

@@ -1,8 +1,10 @@
 """The adaptation loop: train the cross-modal ensemble on token windows with MLM, MATCH and CLIPTC.
 
 One optimizer step sees `batch_size` windows (the paper: 256), split into micro-batches whose gradients
-are accumulated. `accelerate` places the model, runs bf16 autocast on a GPU and, under
-`accelerate launch`, splits every step's micro-batches across the GPUs of the machine.
+are accumulated. `accelerate` places the model and, when the stage runs in several processes (one per
+GPU: stages/adapt.py launches them), splits every step's micro-batches across them. Micro-batch j of a
+step is masked and dropped out from seeds of (seed, step, j) alone, whichever process computes it, so
+N processes take the steps one process takes, up to the order of float sums.
 """
 from __future__ import annotations
 
@@ -78,6 +80,16 @@ def model_identity(model: torch.nn.Module) -> tuple[list, str]:
     return shapes, h.hexdigest()
 
 
+def reduce_counts(totals: dict, losses, accelerator: Accelerator) -> dict:
+    """Sum every process's counts of a step, so each process's metrics cover the whole batch."""
+    if accelerator.num_processes == 1:
+        return totals
+    keys = [f"{name}_{part}" for name in losses for part in ("count", "correct", "loss_sum")]
+    summed = accelerator.reduce(torch.tensor([totals.get(k, 0.0) for k in keys], dtype=torch.float64,
+                                             device=accelerator.device), reduction="sum")
+    return dict(zip(keys, summed.tolist()))
+
+
 def summarize(totals: dict) -> dict:
     """Mean losses, accuracies and MLM perplexity from summed counts."""
     m = {}
@@ -137,12 +149,14 @@ def adapt(
     `stop_after` ends the run early after that many optimizer steps (tests use it to simulate a kill).
     """
     s = settings
-    accelerator = Accelerator(mixed_precision=training.mixed_precision(s.precision), cpu=not torch.cuda.is_available())
+    # accelerate places the model and runs DDP; precision is training.Precision's, one code path on GPU and CPU
+    accelerator = Accelerator(mixed_precision="no", cpu=not torch.cuda.is_available())
+    precision = training.Precision(s.precision, accelerator.device)
     steps_per_epoch = math.ceil(len(train) / s.batch_size)
     total = steps_per_epoch * s.epochs
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total)
     data_hash = (getattr(train, "manifest", None) or {}).get("content_sha256")
-    print_fp = training.fingerprint(asdict(s), len(train), data_hash, *model_identity(model))
+    print_fp = training.fingerprint(asdict(s), precision.name, len(train), data_hash, *model_identity(model))
     # The schedule is not prepared: accelerate would step it once per process at every optimizer step,
     # but here every step already covers the whole `batch_size` across all processes.
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -158,6 +172,7 @@ def adapt(
         accelerator.unwrap_model(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
+        precision.scaler.load_state_dict(state["scaler"])
         start, history, rates = state["step"], state["history"], state["rates"]
         accelerator.print(f"resuming from {checkpoint} at step {start}/{total}")
         if log is not None and accelerator.is_main_process:
@@ -174,7 +189,6 @@ def adapt(
         order = training.epoch_order(len(train), s.seed, epoch)
         ids = order[k * s.batch_size:(k + 1) * s.batch_size]
         micro = [ids[i:i + s.micro_batch_size] for i in range(0, len(ids), s.micro_batch_size)]
-        torch.manual_seed(training.step_seed(s.seed, step))  # dropout
         totals: dict = {}
         mine = [(j, m) for j, m in enumerate(micro) if j % world == rank]
         weight = world / len(ids)
@@ -183,21 +197,21 @@ def adapt(
         for n_done, (j, m) in enumerate(mine):
             batch = make_batch(train[np.sort(m)], training.generator(s.seed, step, j))
             batch = {key: v.to(accelerator.device) for key, v in batch.items()}
+            torch.manual_seed(training.step_seed(s.seed, step, j))  # dropout of micro-batch j, on any process
             sync = n_done == len(mine) - 1
             with accelerator.no_sync(model) if not sync else contextlib.nullcontext():
-                with accelerator.autocast():
+                with precision.autocast():
                     out = forward(**batch)
                 loss = weighted_loss(out, s.loss_weights) * (len(m) * weight)
                 training.check_finite(out["loss"].detach(), step, "adapt")
-                accelerator.backward(loss)
+                accelerator.backward(precision.scale(loss))
             if weight:
                 _sum_counts(out, totals)
-        accelerator.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-        optimizer.step()
+        precision.step(optimizer, model.parameters(), MAX_GRAD_NORM, clip=accelerator.clip_grad_norm_)
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
 
-        metrics = summarize(totals)
+        metrics = summarize(reduce_counts(totals, s.losses, accelerator))
         history.append(metrics)
         rates.append(schedule.get_last_lr()[0])
         bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items() if k.endswith("_loss")})
@@ -207,7 +221,8 @@ def adapt(
         if accelerator.is_main_process and (done % s.checkpoint_every == 0 or done == total):
             training.save_checkpoint(checkpoint, {
                 "model": accelerator.unwrap_model(model).state_dict(), "optimizer": optimizer.state_dict(),
-                "schedule": schedule.state_dict(), "step": done, "history": history, "rates": rates,
+                "schedule": schedule.state_dict(), "scaler": precision.scaler.state_dict(), "step": done,
+                "history": history, "rates": rates,
             }, print_fp)
         if stop_after is not None and done >= stop_after:
             break
@@ -217,7 +232,7 @@ def adapt(
     final = {f"train_{k}": float(np.mean([h[k] for h in tail if k in h])) for k in tail[-1]}
     first = {f"first_{k}": v for k, v in history[0].items()} if history else {}
     result = {**final, **first, "steps": len(history), "device": training.device_name(accelerator.device),
-              "seconds": round(time.time() - t0, 1)}
+              "precision": precision.name, "processes": accelerator.num_processes, "seconds": round(time.time() - t0, 1)}
     result.update({f"valid_{k}": v for k, v in evaluate(accelerator.unwrap_model(model), valid, make_batch, s, accelerator.device).items()})
     return result
 

@@ -89,7 +89,7 @@ class AdaptSettings:
     loss_weights: dict | None  # loss name -> weight in the trained sum; None or an absent name = 1 (the paper)
     checkpoint_every: int
     eval_windows: int
-    precision: str            # auto | bf16 | no
+    precision: str            # auto | bf16 | fp16 | no (xdbert.training.mixed_precision)
     compile: bool             # torch.compile the model for the training steps
     seed: int
 
@@ -137,7 +137,7 @@ class AdaptSettings:
                                 f"use `losses: [mlm]` (got `{key_of('losses')}: {s['losses']}`)")
         for key in ("warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob"):
             P.fraction(s[key], key_of(key))
-        P.choice(s["precision"], key_of("precision"), ("auto", "bf16", "no"))
+        P.choice(s["precision"], key_of("precision"), P.PRECISIONS)
         P.choice(s["cliptc_vocab"], key_of("cliptc_vocab"), ("full", "shards"))
         weights = s["loss_weights"]
         if weights is not None:  # None: every loss weighs 1 (the paper)

@@ -87,14 +87,11 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
     for g in groups:
         g.pop("names")
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
-    bf16 = training.mixed_precision(s.precision) == "bf16"
+    precision = training.Precision(s.precision, device)
     # A GPU step of a base model on short batches is bound by the CPU launching ~1,200 small kernels;
     # compiling fuses most of them. One graph serves every batch length (dynamic), so length-grouped
     # batches do not recompile.
     forward = torch.compile(model, dynamic=True) if s.compile else model
-
-    def autocast():
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
     where = f"finetune {job.model_kind} {Path(job.model_path).name} {spec.name} seed {seed}"
     multiple = pad_multiple(s.max_len, device)
@@ -105,13 +102,12 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
         for rows in fd.length_grouped_batches(lengths, s.batch_size, seed, epoch, s.length_group):
             batch = _to_device(fd.collate(train, rows, multiple), device)
             torch.manual_seed(training.step_seed(seed, -2, step))  # dropout of this step
-            with autocast():
+            with precision.autocast():
                 scores = forward(batch)
             loss = task_loss(spec, scores, batch["labels"])
             training.check_finite(loss.detach(), step, where)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
-            optimizer.step()
+            precision.scale(loss).backward()
+            precision.step(optimizer, model.parameters(), s.max_grad_norm)
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
@@ -123,12 +119,12 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
     metrics, predictions = {}, {}
     for split in job.dev_splits:
         data = job.data[split]
-        pred = predict(forward, job, data, device, autocast)
+        pred = predict(forward, job, data, device, precision.autocast)
         if len(pred) != len(data):
             raise PipelineError(f"{where}: {len(pred)} predictions for {len(data)} {split} examples")
         predictions[split] = pred
         metrics[split] = compute_metrics(spec.name, pred, data.labels)
-    return {"seed": seed, "device": training.device_name(device), "metrics": metrics, "predictions": predictions,
+    return {"seed": seed, "device": training.device_name(device), "precision": precision.name, "metrics": metrics, "predictions": predictions,
             "first_epoch_loss": epoch_losses[0],
             "last_epoch_loss": epoch_losses[-1], "steps": step, "train_examples": len(train) * s.epochs,
             "train_seconds": round(train_seconds, 3), "eval_seconds": round(time.time() - t_eval, 3),

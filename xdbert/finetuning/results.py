@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xdbert import io, training
+from xdbert import io
 from xdbert.errors import PipelineError
 from xdbert.finetuning.job import Job
 from xdbert.finetuning.settings import size_of
@@ -30,7 +30,8 @@ def summarize(job: Job, runs: list[dict]) -> dict:
     per_seed = {str(r["seed"]): {
         **{split: {m: _clean(v) for m, v in r["metrics"][split].items()} for split in spec.dev_splits},
         **{k: _clean(r[k]) for k in ("first_epoch_loss", "last_epoch_loss")},
-        "steps": r["steps"], "device": r["device"]} for r in runs}  # wall-clock times go to the run log (xdbert.runlog)
+        "steps": r["steps"], "device": r["device"],
+        "precision": r["precision"]} for r in runs}  # wall-clock times go to the run log (xdbert.runlog)
     return {
         "task": spec.name, "kind": job.model_kind, "metric": spec.metric, "higher_is_better": spec.higher_is_better,
         "headline": median[spec.dev_splits[0]][spec.metric], "median": median, "seeds": per_seed,
@@ -67,9 +68,7 @@ def write_results(out_dir: str | Path, job: Job, runs: list[dict], info: dict[st
     """Write metrics.json and predictions.parquet into `out_dir`, as one atomic directory."""
     table = predictions_table(job, runs)  # checks the prediction lengths before anything is written
     metrics = {**info, **summarize(job, runs),
-               "hyperparameters": {**dataclasses.asdict(job.hyperparameters),
-                                   "precision": training.mixed_precision(job.hyperparameters.precision),
-                                   "model_size": size_of(job.width)}}
+               "hyperparameters": {**dataclasses.asdict(job.hyperparameters), "model_size": size_of(job.width)}}
     with io.atomic_path(out_dir, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
         io.write_json(tmp / "metrics.json", metrics)

@@ -17,7 +17,6 @@ from xdbert.finetuning.runs import Study
 
 LARGE_WIDTH = 1024          # Table 5: "large" models (BERT-l, ELECTRA-l) are 1024 wide
 MAX_GRAD_NORM = 1.0         # gradient clipping, transformers' default; not a param
-PRECISIONS = ("auto", "bf16", "no")
 
 
 def size_of(width: int) -> str:
@@ -59,7 +58,7 @@ class Hyperparameters:
     length_group: int               # batches per length-sorted mega-batch; 1 = plain shuffled batches
     clip_blocks_per_sentence: int   # Table 8: 2 blocks for one sentence, 4 for a pair
     dropout: float                  # before the new head of the clip and full kinds
-    precision: str                  # auto = bf16 autocast on a GPU, fp32 on the CPU
+    precision: str                  # auto | bf16 | fp16 | no (xdbert.training.mixed_precision)
     compile: bool                   # torch.compile the model (lengths dynamic); pays off on long GPU runs
 
 
@@ -126,7 +125,7 @@ class FinetuneSettings:
         if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0 < decay <= 1:
             raise PipelineError(f"`finetune.layer_lr_decay` must be in (0, 1] (1.0 = off, 0.9 = the paper's 'decay of 0.9'); got {decay!r}")
         s["layer_lr_decay"] = float(decay)
-        s["precision"] = params.choice(params.get(f, "precision", "finetune"), "finetune.precision", PRECISIONS)
+        s["precision"] = params.choice(params.get(f, "precision", "finetune"), "finetune.precision", params.PRECISIONS)
         s["compile"] = params.flag(params.get(f, "compile", "finetune"), "finetune.compile")
         lr = params.get(f, "lr", "finetune")
         if not isinstance(lr, dict):

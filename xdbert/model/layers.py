@@ -107,18 +107,24 @@ class CrossModalLayer(nn.Module):
         self.language_ffn = FeedForward(H, intermediate, act, dropout, eps)
         self.clip_ffn = FeedForward(W, intermediate, act, dropout, eps)
 
-    def forward(self, language, language_mask, clip, clip_mask, output_attentions=False, language_cls_only=False):
+    def forward(self, language, language_mask, clip, clip_mask, output_attentions=False, language_cls_only=False,
+                clip_output=True):
         """Returns (language, clip, cross attention probabilities or None).
 
         `language_cls_only` (a last layer whose reader takes only the language [CLS]): returns the
         language [CLS] alone, (B, 1, H), and no CLIP stream. The same numbers at [CLS]; what only the
         other positions or the CLIP stream would read is not computed.
+        `clip_output=False` (a last layer whose CLIP stream nothing reads): the language stream alone,
+        and no CLIP stream.
         """
         language_x, language_probs = self.language_cross(language, clip, clip_mask, output_attentions)
         if language_cls_only:
             # [CLS] attends to every position of language_x, so the cross-attention above runs in full.
             cls, _ = self.language_self(language_x[:, :1], language_x, language_mask)
             return self.language_ffn(cls), None, None
+        if not clip_output and not output_attentions:
+            language_x, _ = self.language_self(language_x, language_x, language_mask)
+            return self.language_ffn(language_x), None, None
         clip_x, clip_probs = self.clip_cross(clip, language, language_mask, output_attentions)
         language_x, _ = self.language_self(language_x, language_x, language_mask)
         clip_x, _ = self.clip_self(clip_x, clip_x, clip_mask)

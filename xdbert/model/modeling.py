@@ -135,6 +135,13 @@ class XDBertModel(nn.Module):
         self.cliptc_head = MaskedTokenHead(clip_width, clip.token_embedding, "gelu", eps) if "cliptc" in self.losses else None
         for module in (self.cross_layers, self.match_head):
             _init_bert_style(module, std)
+        if self.cliptc_head is None and config.cross_layers:
+            # Without CLIPTC no loss reads the last layer's CLIP stream. Its sublayers stay (Table 6 counts
+            # them) but are frozen and not computed in training, so DDP has no parameter without a gradient
+            # to wait for, and the optimizer skips what it could never train.
+            last = self.cross_layers[-1]
+            for part in (last.clip_cross, last.clip_self, last.clip_ffn):
+                part.requires_grad_(False)
         for head in (self.mlm_head, self.cliptc_head):
             if head is not None:  # not the decoder: it is the (pretrained) embedding
                 _init_bert_style(head.dense, std)
@@ -203,10 +210,12 @@ class XDBertModel(nn.Module):
             features = self.clip(clip_ids, mask)
         return features, mask.reshape(batch, n_blocks * context)
 
-    def _encode(self, bert_ids, bert_mask, clip_ids, output_attentions=False, token_type_ids=None, language_cls_only=False):
+    def _encode(self, bert_ids, bert_mask, clip_ids, output_attentions=False, token_type_ids=None, language_cls_only=False,
+                clip_output=True):
         """(language, clip, clip_mask, attentions, kept): `kept` indexes the CLIP positions the cross layers
         saw (None: all of them). `language_cls_only`: the last cross layer computes only the language
-        [CLS], (B, 1, H), and clip is None (see `CrossModalLayer`)."""
+        [CLS], (B, 1, H), and clip is None; `clip_output=False`: it computes no CLIP stream, and clip is
+        None (see `CrossModalLayer`)."""
         if language_cls_only and output_attentions:
             raise ValueError("language_cls_only skips the last layer's CLIP stream: it cannot return its attention maps")
         types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}  # not every encoder takes them
@@ -230,7 +239,7 @@ class XDBertModel(nn.Module):
         last = len(self.cross_layers) - 1
         for i, layer in enumerate(self.cross_layers):
             language, clip, probs = layer(language, language_mask, clip, clip_mask, output_attentions,
-                                          language_cls_only and i == last)
+                                          language_cls_only and i == last, clip_output or i != last)
             attentions.append(probs)
         return language, clip, clip_mask, attentions, kept
 
@@ -262,7 +271,8 @@ class XDBertModel(nn.Module):
         (per layer {"language": (B, heads, L, C), "clip": (B, clip_heads, C, L)}) if asked.
         Labels of objectives not in `config.losses` are ignored, so one batch format serves all variants.
         """
-        language, clip, _, attentions, kept = self._encode(bert_ids, bert_mask, clip_ids, output_attentions)
+        language, clip, _, attentions, kept = self._encode(bert_ids, bert_mask, clip_ids, output_attentions,
+                                                           clip_output=self.cliptc_head is not None)
         out: dict[str, Any] = {}
         total = []
         if self.mlm_head is not None and mlm_labels is not None:
