@@ -9,6 +9,7 @@ articles; `source: generated` writes the embedded profile's deterministic stand-
 from __future__ import annotations
 
 from xdbert import params as P
+from xdbert.data import provided
 from xdbert.data.corpus import CorpusSettings, write_corpus
 from xdbert.paths import CORPUS
 from xdbert.stage import run
@@ -16,7 +17,9 @@ from xdbert.stage import run
 
 def main() -> None:
     # every check before any work, so a typo costs a second and leaves data/corpus untouched
-    settings = CorpusSettings.from_params(P.load())
+    p = P.load()
+    settings = CorpusSettings.from_params(p)
+    provided.check(p)  # the first stage: a missing hand-provided file stops the run here, not hours in
     stats = write_corpus(settings.load(), CORPUS)
     for split, s in stats.items():
         print(f"corpus {split}: {s['documents']} documents, {s['words']} words, {s['characters']} characters")

@@ -11,6 +11,7 @@ writes the embedded profile's deterministic stand-ins (same columns, labels and 
 from __future__ import annotations
 
 from xdbert import params as P
+from xdbert.data import provided
 from xdbert.data.tasks import write_tasks
 from xdbert.data.tasks.settings import TasksSettings
 from xdbert.paths import TASKS
@@ -19,7 +20,9 @@ from xdbert.stage import run
 
 def main() -> None:
     # every check before any work: a bad value leaves an existing data/tasks exactly as it was
-    settings = TasksSettings.from_params(P.load())
+    p = P.load()
+    settings = TasksSettings.from_params(p)
+    provided.check(p)  # CommonLit's train.csv before any GLUE or SWAG download
     tables = {name: settings.load(name) for name in settings.names}
     summary = write_tasks(tables, TASKS, settings.source)
     for name, entry in summary["tasks"].items():

@@ -89,6 +89,14 @@ def test_stage_lists_exactly_the_modules_it_runs(name):
     assert not listed - needed, f"dvc.yaml stage {name} lists modules it never imports: {rel(listed - needed)}"
 
 
+@pytest.mark.parametrize("name", sorted(stages()))
+def test_a_stage_that_can_load_from_the_hub_depends_on_the_pins(name):
+    """xdbert/hub.py resolves hub ids through hub.lock.json (`xdbert fetch`): new pins must rerun the stage."""
+    stage = stages()[name]
+    deps = stage.get("do", stage)["deps"]
+    assert ((ROOT / "xdbert/hub.py") in closure(script_of(stage))) == ("hub.lock.json" in deps), name
+
+
 def test_the_check_sees_a_missing_dep(tmp_path):
     """The closure follows lazy imports inside functions, and imports made by imported modules."""
     script = tmp_path / "s.py"

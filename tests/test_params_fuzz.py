@@ -270,6 +270,8 @@ SCHEMA: dict[str, Spec] = {
     "finetune.precision": choice("auto", "bf16", "no"), "finetune.compile": FLAG,
 
     "aggregate.n_boot": pos_int(), "aggregate.seed": non_negative(),
+    "hub.revisions": spec(st.dictionaries(NAME, WORD, max_size=2), wrong("dict"),
+                          st.dictionaries(NAME, EMPTY, min_size=1, max_size=1)),
 }
 SCHEMA["grounding.model"] = SCHEMA["grounding.baseline"]
 

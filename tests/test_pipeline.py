@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xdbert import profiles
+from xdbert import paths, profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,11 +25,12 @@ def ran(log: str) -> set[str]:
 def repo(tmp_path_factory) -> Path:
     """A copy of the pipeline with the micro profile, in its own git + DVC repository."""
     repo = tmp_path_factory.mktemp("pipeline")
-    for name in ("dvc.yaml", "stages", "xdbert"):
+    for name in paths.PIPELINE_FILES:
         src = ROOT / name
         (shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__")) if src.is_dir()
          else shutil.copy(src, repo / name))
     (repo / "params.yaml").write_text(profiles.render("micro", {}))  # every stage, toy sizes
+    (repo / ".gitignore").write_text("/logs/\n/checkpoints/\n")  # as the project's: run logs and caches stay local
     sh("git", "init", "-q", "-b", "main", cwd=repo)
     sh("dvc", "init", "-q", cwd=repo)
     sh("git", "add", "-A", cwd=repo)

@@ -221,7 +221,7 @@ def test_read_loader_splits_kaggle_train_csv_deterministically(tmp_path):
 def test_read_loader_errors(tmp_path):
     with pytest.raises(PipelineError, match="read_path"):
         hub.load_read("")
-    with pytest.raises(PipelineError, match="does not exist"):
+    with pytest.raises(PipelineError, match=r"missing .*missing.csv \(`tasks.read_path`\): download train.csv"):
         hub.load_read(str(tmp_path / "missing.csv"))
     pd.DataFrame({"id": ["a"], "text": ["x"]}).to_csv(tmp_path / "bad.csv", index=False)
     with pytest.raises(PipelineError, match="excerpt"):

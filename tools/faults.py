@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from xdbert import profiles  # noqa: E402
+from xdbert import paths, profiles  # noqa: E402
 
 KILL_STAGES = ("dual_tokenize", "adapt@xdbert", "finetune@rte", "aggregate")
 CHECKPOINTS = {"adapt@xdbert": "checkpoints/adapt/xdbert.pt", "finetune@rte": "checkpoints/finetune/rte/*/seed_*.pt"}
@@ -62,7 +62,7 @@ def env_for(repo: Path) -> dict:
 def make_project(repo: Path) -> None:
     """The pipeline's code, dvc.yaml and the micro profile's params in a new git + DVC repository."""
     repo.mkdir(parents=True, exist_ok=True)
-    for name in ("dvc.yaml", "stages", "xdbert"):
+    for name in paths.PIPELINE_FILES:
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))

@@ -1,4 +1,5 @@
-"""The `xdbert` console script: switching profiles, checking params; the pipeline itself runs through `dvc repro`."""
+"""The `xdbert` console script: switching profiles, checking params, fetching hub assets; the pipeline itself
+runs through `dvc repro`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -54,6 +55,22 @@ def check(params_file: Path = typer.Argument(Path("params.yaml"), help="the para
         typer.echo("error: " + " ".join(str(e).split()), err=True)  # one line, as a stage prints it
         raise typer.Exit(2)
     typer.echo(f"{params_file}: valid ({p['profile']} profile); every stage's params check passes")
+
+
+@app.command()
+def fetch(params_file: Path = typer.Argument(Path("params.yaml"), help="the params whose hub assets to fetch"),
+          lock: Path = typer.Option(Path("hub.lock.json"), help="the lock file to write (commit it)")) -> None:
+    """Download every hub asset PARAMS_FILE names (models, datasets, open_clip weights) into the hub cache and
+    pin each one's commit in the lock file, which every stage then loads: run it where the hub can be
+    reached, then copy the cache (HF_HOME) to machines without internet."""
+    from xdbert.fetch import fetch as fetch_assets
+    from xdbert.params_check import check_file
+
+    try:
+        fetch_assets(check_file(params_file), lock, say=typer.echo)
+    except PipelineError as e:
+        typer.echo("error: " + " ".join(str(e).split()), err=True)
+        raise typer.Exit(2)
 
 
 @app.command()

@@ -1,6 +1,7 @@
 """CLIP through open_clip: model configs this package adds, and CLIP's BPE tokenizer."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import open_clip
@@ -27,6 +28,36 @@ def check_name(name: str) -> str:
         close = [m for m in known if "ViT-B" in m][:6]
         raise PipelineError(f"unknown CLIP model `model.clip: {name}`; use an open_clip name such as xdbert-tiny, {', '.join(close)} (open_clip.list_models() lists all)")
     return name
+
+
+def clip_weights_repo(name: str, pretrained: str) -> str | None:
+    """The hub repository open_clip downloads `name`'s `pretrained` weights from (None: a file, or none)."""
+    if not pretrained or Path(pretrained).is_file():
+        return None
+    register_configs()
+    hf_hub = open_clip.get_pretrained_cfg(name, pretrained).get("hf_hub", "")
+    if not hf_hub:
+        raise PipelineError(f"open_clip serves `{name}` / `{pretrained}` only by URL, not from the hub: download the "
+                            f"checkpoint and give its path as `model.clip_pretrained`")
+    return os.path.split(hf_hub)[0]  # open_clip's convention: `org/name/` or `org/name/file`
+
+
+def pinned_clip_weights(name: str, pretrained: str) -> str:
+    """The checkpoint file of tag `pretrained` in its snapshot pinned by hub.lock.json (`xdbert fetch`), or
+    `pretrained` as it is where nothing pins it (open_clip then downloads the hub's current one)."""
+    from xdbert.hub import pinned, source
+
+    repo = clip_weights_repo(name, pretrained)
+    if repo is None or pinned(repo) is None:
+        return pretrained
+    folder = Path(source(repo))
+    filename = os.path.split(open_clip.get_pretrained_cfg(name, pretrained)["hf_hub"])[1] or "open_clip_pytorch_model.bin"
+    # open_clip prefers a safetensors file beside the pickled one
+    safe = "open_clip_model.safetensors" if filename == "open_clip_pytorch_model.bin" else Path(filename).stem + ".safetensors"
+    for candidate in (safe, filename):
+        if (folder / candidate).is_file():
+            return str(folder / candidate)
+    raise PipelineError(f"the pinned snapshot {folder} of `{repo}` holds neither {safe} nor {filename}: run `xdbert fetch` again")
 
 
 def clip_tokenizer(name: str) -> SimpleTokenizer:

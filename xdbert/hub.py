@@ -1,7 +1,10 @@
-"""Loading from the Hugging Face hub with one clear message when the machine is offline."""
+"""Loading from the Hugging Face hub: one clear message when the machine is offline, and the revisions
+`xdbert fetch` pinned in hub.lock.json."""
 from __future__ import annotations
 
 import contextlib
+import json
+from pathlib import Path
 from typing import Iterator
 
 from xdbert.errors import PipelineError
@@ -43,3 +46,41 @@ def hub_request(what: str) -> Iterator[None]:
         if _is_network_error(e):
             raise PipelineError(f"could not load {what}: {OFFLINE_HINT}") from e
         raise
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pinned revisions: hub.lock.json, written by `xdbert fetch` (xdbert.fetch), read by every loader
+# ----------------------------------------------------------------------------------------------------
+
+LOCK = Path("hub.lock.json")
+
+
+def pinned(repo_id: str, repo_type: str = "model", lock: Path = LOCK) -> str | None:
+    """The commit `lock` pins hub repository `repo_id` at, or None where it pins nothing."""
+    if not lock.is_file():
+        return None
+    for entry in json.loads(lock.read_text(encoding="utf-8"))["assets"]:
+        if entry["repo_id"] == repo_id and entry["repo_type"] == repo_type:
+            return entry["revision"]
+    return None
+
+
+def source(name: str, repo_type: str = "model", lock: Path = LOCK) -> str:
+    """What a loader reads for `name`: a local folder as it is; a hub id the lock pins, its snapshot at that
+    commit in the hub cache (so a run loads what `xdbert fetch` downloaded, with or without a network);
+    any other hub id unchanged (the hub's current revision)."""
+    if Path(name).exists():
+        return name
+    revision = pinned(name, repo_type, lock)
+    if revision is None:
+        print(f"note: {repo_type} `{name}` is not pinned in {lock}: loading what the hub serves today; "
+              f"`xdbert fetch` pins it")
+        return name
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name, repo_type=repo_type, revision=revision, local_files_only=True)
+    except Exception as e:  # LocalEntryNotFoundError and kin: the snapshot is not in this machine's cache
+        raise PipelineError(
+            f"{repo_type} `{name}` at revision {revision} ({lock}) is not in this machine's hub cache: run `xdbert fetch` "
+            f"where the hub can be reached, and copy its cache (HF_HOME, ~/.cache/huggingface) here") from e

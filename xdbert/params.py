@@ -25,6 +25,7 @@ KEYS = {
     "tasks": ("source", "names", "train_size", "train_sizes", "dev_size", "read_path", "read_dev_fraction",
               "glue_hub_id", "swag_hub_id", "seed"),
     "model": ("encoder", "encoder_config", "clip", "clip_pretrained", "seed"),
+    "hub": ("revisions",),
     "tokenize": ("vocab_size", "max_len", "n_blocks", "shard_windows", "max_overflow", "validate_windows", "workers"),
     "pretrain": ("steps", "batch_size", "lr", "mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay",
                  "max_len", "checkpoint_every", "seed", "clip_steps"),

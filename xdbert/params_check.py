@@ -25,6 +25,7 @@ from xdbert.data.tasks.settings import TasksSettings
 from xdbert.data.tokenization.build import Settings as TokenizeSettings
 from xdbert.data.tokenization.build import check_max_len
 from xdbert.errors import PipelineError
+from xdbert.fetch import requested_revisions
 from xdbert.finetuning.settings import FinetuneSettings
 from xdbert.model.settings import ModelSettings
 from xdbert.reports.settings import AggregateSettings
@@ -42,6 +43,7 @@ def check(p: dict) -> None:
     CorpusSettings.from_params(p)
     tasks = TasksSettings.from_params(p)
     model = ModelSettings.from_params(p)
+    requested_revisions(p)
     tokenize = TokenizeSettings.from_params(P.section(p, "tokenize"))
     if model.encoder.startswith("random:") and model.encoder_config.get("max_position_embeddings"):
         # dual_tokenize's own check; a pretrained encoder's positions need its config from the hub

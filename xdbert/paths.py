@@ -44,6 +44,9 @@ ATTENTION = Path("reports/attention")
 ATTENTION_METRICS = Path("results/attention.json")
 
 # Resumable training state, outside every stage's outputs.
+# What a copy of the pipeline needs besides params.yaml (the end-to-end test and the fault campaign make one)
+PIPELINE_FILES = ("dvc.yaml", "hub.lock.json", "inputs", "stages", "xdbert")
+
 CHECKPOINTS = Path("checkpoints")
 # Wall-clock times and the machine of each run (xdbert.runlog), outside every stage's outputs.
 RUN_LOG = Path("logs")

@@ -30,6 +30,7 @@ import pandas as pd
 
 from xdbert import io
 from xdbert import params as P
+from xdbert.data.provided import read_coco_captions
 from xdbert.data.tasks.registry import get_task, read_split
 from xdbert.errors import PipelineError
 from xdbert.paths import FINETUNE, TASKS
@@ -394,23 +395,6 @@ def compare_task(task: str, names: tuple[str, str], rule: Grounding, examples_pe
 # Caption corpora: MSCOCO (a local JSON in COCO's format, or a hub dataset) or generated
 # ----------------------------------------------------------------------------------------------------
 
-def read_coco_captions(path: str | Path) -> list[str]:
-    """Captions from a file in the layout of COCO's `annotations/captions_train2017.json`."""
-    path = Path(path)
-    if not path.is_file():
-        raise PipelineError(f"missing caption file {path}: download MSCOCO's annotations_trainval2017.zip and point "
-                            f"`grounding.captions` at annotations/captions_train2017.json, or use `generated`")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        captions = [a["caption"] for a in data["annotations"]]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise PipelineError(f"{path} is not a COCO captions file (a JSON object whose `annotations` entries have a "
-                            f"`caption`): {e}") from e
-    if not captions:
-        raise PipelineError(f"{path} holds no captions")
-    return [str(c) for c in captions]
-
-
 def write_coco_captions(captions: Sequence[str], path: str | Path) -> None:
     """Write captions in COCO's caption-annotation layout (one image per caption)."""
     data = {
@@ -428,11 +412,11 @@ def load_hub_captions(hub_id: str, split: str, column: str) -> list[str]:
     """
     import datasets
 
-    from xdbert.hub import hub_request
+    from xdbert.hub import hub_request, source
 
     try:
         with hub_request(f"caption dataset `{hub_id}`"):
-            ds = datasets.load_dataset(hub_id, split=split)
+            ds = datasets.load_dataset(source(hub_id, "dataset"), split=split)
     except ValueError as e:
         raise PipelineError(f"cannot load split `{split}` of caption dataset `{hub_id}` (check `grounding.captions_hub_split`): {e}") from e
     if column not in ds.column_names:

@@ -24,7 +24,7 @@ import pyarrow as pa
 from xdbert import params as P
 from xdbert.data.synthetic.documents import generate_corpus
 from xdbert.errors import PipelineError
-from xdbert.hub import hub_request
+from xdbert.hub import hub_request, source
 from xdbert.io import atomic_path, write_parquet
 
 SOURCES = ("generated", "hub")
@@ -140,7 +140,7 @@ def load_hub_corpus(hub_id: str, hub_config: str, cache_dir: str | None = None) 
     import datasets
 
     with hub_config_errors("corpus", hub_id, hub_config), hub_request(f"corpus `{hub_id}` ({hub_config}) from the hub"):
-        ds = datasets.load_dataset(hub_id, hub_config, cache_dir=cache_dir)
+        ds = datasets.load_dataset(source(hub_id, "dataset"), hub_config, cache_dir=cache_dir)
     out: dict[str, list[str]] = {}
     for ours, theirs in HUB_SPLITS.items():
         if theirs not in ds:

@@ -11,7 +11,7 @@ import open_clip
 import torch
 from torch import nn
 
-from xdbert.clip import check_name, register_configs
+from xdbert.clip import check_name, pinned_clip_weights, register_configs
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request
 
@@ -81,7 +81,7 @@ class CLIPTextTower(nn.Module):
         overrides = {} if pretrained else {"vision_cfg": dict(_MINIMAL_VISION_CFG)}
         with hub_request(f"CLIP `{name}` weights `{pretrained}`"):
             model = open_clip.create_model(
-                name, pretrained=pretrained or None, device=device, force_quick_gelu=quick_gelu,
+                name, pretrained=pinned_clip_weights(name, pretrained) or None, device=device, force_quick_gelu=quick_gelu,
                 require_pretrained=bool(pretrained), **overrides,
             )
         return cls(model), quick_gelu

@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, Pretrained
 
 from xdbert import paths
 from xdbert.errors import PipelineError
-from xdbert.hub import hub_request
+from xdbert.hub import hub_request, source
 
 if TYPE_CHECKING:
     from xdbert.model.layers import MaskedTokenHead
@@ -46,12 +46,22 @@ def build_language_encoder(name: str, config_overrides: dict | None = None, voca
     # used (params.yaml says `encoder_config` is only for random:<model_type>).
     try:
         with hub_request(f"language encoder `{name}`"):  # an offline machine: PipelineError with what to do
-            return AutoModel.from_pretrained(name)
+            model, info = AutoModel.from_pretrained(source(name), output_loading_info=True)
     except (OSError, ValueError) as e:  # not a network failure: a wrong name or folder
         raise PipelineError(
             f"cannot load language encoder `model.encoder: {name}` ({e}); use a hub id such as "
             f"bert-base-uncased, a local save_pretrained folder, or random:<model_type>"
         ) from e
+    # transformers initialises weights it did not find and only logs it: an encoder that silently starts
+    # partly random would make every result wrong, so that is an error here. The pooler is new by design
+    # where the checkpoint is an MLM-only one (the encoder stand-in, ELECTRA): no loss here trains it,
+    # and finetuning does.
+    missing = [k for k in info.get("missing_keys", []) if not k.startswith("pooler.")]
+    if missing:
+        raise PipelineError(f"language encoder `{name}` lacks {len(missing)} of its weights ({', '.join(sorted(missing)[:4])}"
+                            f"{', ...' if len(missing) > 4 else ''}): transformers would start them at random. Check the "
+                            f"checkpoint (a damaged download: `xdbert fetch` again)")
+    return model
 
 
 def random_encoder_config(name: str, config_overrides: dict | None = None, vocab_size: int | None = None) -> PretrainedConfig:
@@ -83,10 +93,11 @@ def load_pretrained_mlm_head(name: str, head: "MaskedTokenHead") -> bool:
     sends large random gradients into the encoder during the first steps.
     """
     with hub_request(f"MLM head of `{name}`"):
-        keys = PRETRAINED_MLM_HEADS.get(AutoConfig.from_pretrained(name).model_type)
+        folder = source(name)
+        keys = PRETRAINED_MLM_HEADS.get(AutoConfig.from_pretrained(folder).model_type)
         if keys is None:
             return False
-        mlm_model, info = AutoModelForMaskedLM.from_pretrained(name, output_loading_info=True)
+        mlm_model, info = AutoModelForMaskedLM.from_pretrained(folder, output_loading_info=True)
     dense, norm, bias = keys
     wanted = [f"{dense}.weight", f"{dense}.bias", f"{norm}.weight", f"{norm}.bias", bias]
     if set(wanted) & set(info.get("missing_keys", [])):

@@ -22,8 +22,9 @@ import pandas as pd
 import pyarrow as pa
 
 from xdbert.data.corpus import hub_config_errors
+from xdbert.data.provided import READ_COLUMNS, check_read_csv
 from xdbert.errors import PipelineError
-from xdbert.hub import hub_request
+from xdbert.hub import hub_request, source
 from xdbert.data.tasks.registry import TaskSpec, get_task, to_table
 
 # task -> (GLUE config, first text column, second text column or None)
@@ -41,14 +42,13 @@ GLUE = {
 HUB_SPLITS = {"train": "train", "dev": "validation",
               "dev_matched": "validation_matched", "dev_mismatched": "validation_mismatched"}
 SWAG_CONFIG = "regular"
-READ_COLUMNS = ("excerpt", "target")
 
 
 def _load(hub_id: str, config: str | None, what: str, section: str, cache_dir: str | None):
     import datasets
 
     with hub_config_errors(section, hub_id, config), hub_request(what):
-        return datasets.load_dataset(hub_id, config, cache_dir=cache_dir)
+        return datasets.load_dataset(source(hub_id, "dataset"), config, cache_dir=cache_dir)
 
 
 def _frame(ds, split: str, columns: list[str], what: str) -> pd.DataFrame:
@@ -115,8 +115,7 @@ def load_swag(hub_id: str = "allenai/swag", cache_dir: str | None = None) -> dic
 def _read_frame(path_or_id: str, cache_dir: str | None) -> pd.DataFrame:
     path = Path(path_or_id)
     if path.suffix == ".csv":
-        if not path.is_file():
-            raise PipelineError(f"`tasks.read_path` {path_or_id!r} does not exist: download train.csv of the Kaggle competition commonlitreadabilityprize")
+        check_read_csv(path)
         return pd.read_csv(path, keep_default_na=False)
     what = f"CommonLit readability (`{path_or_id}`)"
     ds = _load(path_or_id, None, what, "tasks.read_path", cache_dir)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Iterator
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from xdbert.errors import PipelineError
+from xdbert.hub import hub_request, source
 
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # the trained vocabulary's ids 0..4
 _MARK = 0xF0000  # plane-15 private use: where a word's non-initial characters go during training
@@ -72,8 +73,6 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, model_max_length: int
 
 def _from_hub(load: Callable[[str], Any], name: str, what: str) -> Any:
     """`load(name)` for a hub id or a local folder; offline, missing or unreadable -> one PipelineError."""
-    from xdbert.hub import hub_request
-
     try:
         with hub_request(what):
             return load(name)
@@ -87,7 +86,7 @@ def load_encoder_tokenizer(name: str):
     """`AutoTokenizer.from_pretrained(name)` (a hub id or a local folder); offline -> PipelineError."""
     from transformers import AutoTokenizer
 
-    tok = _from_hub(AutoTokenizer.from_pretrained, name, f"the tokenizer of `model.encoder: {name}`")
+    tok = _from_hub(lambda n: AutoTokenizer.from_pretrained(source(n)), name, f"the tokenizer of `model.encoder: {name}`")
     if getattr(tok, "backend_tokenizer", None) is None:
         raise PipelineError(f"the tokenizer of `model.encoder: {name}` has no fast (Rust) backend; the pipeline needs one")
     return tok
@@ -126,7 +125,7 @@ def encoder_positions(encoder: str, encoder_config: dict | None = None, tokenize
     if not Path(encoder).is_dir() or (Path(encoder) / "config.json").is_file():
         from transformers import AutoConfig
 
-        config = _from_hub(AutoConfig.from_pretrained, encoder, f"the config of `model.encoder: {encoder}`")
+        config = _from_hub(lambda n: AutoConfig.from_pretrained(source(n)), encoder, f"the config of `model.encoder: {encoder}`")
         if getattr(config, "max_position_embeddings", None):
             limits.append(int(config.max_position_embeddings))
     if tokenizer is not None and 0 < getattr(tokenizer, "model_max_length", 0) < 10**9:

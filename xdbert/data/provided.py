@@ -1,0 +1,75 @@
+"""Files a user provides by hand, because no hub serves them: CommonLit's train.csv and COCO's captions.
+
+The paper profile expects them under inputs/, a folder dvc.yaml declares as a dependency of the stages
+that read them (`tasks`, `grounding`), so replacing a file reruns those stages. The first stage of the
+graph (`corpus`) and `xdbert fetch` check that each one is there and readable, so a missing or wrong file
+stops the run in a second, before any download or training, instead of hours in.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from xdbert.errors import PipelineError
+
+INPUTS = Path("inputs")
+READ_COLUMNS = ("excerpt", "target")  # of Kaggle's commonlitreadabilityprize train.csv
+
+
+def files(p: dict) -> list[tuple[str, Path]]:
+    """(param, path) of every file params `p` expect a user to have put in place. A section `p` lacks (a
+    params file written for one stage) expects none: the stage that reads that section checks it."""
+    tasks, grounding = p.get("tasks") or {}, p.get("grounding") or {}
+    out = []
+    if tasks.get("source") == "hub" and "read" in tasks.get("names", []) and str(tasks.get("read_path")).endswith(".csv"):
+        out.append(("tasks.read_path", Path(tasks["read_path"])))
+    if str(grounding.get("captions")).endswith(".json"):
+        out.append(("grounding.captions", Path(grounding["captions"])))
+    return out
+
+
+def check(p: dict) -> None:
+    """Every hand-provided file is there and in its format: one PipelineError naming the first that is not.
+    A file outside inputs/ is read, with a note that DVC does not track it."""
+    for key, path in files(p):
+        if key == "tasks.read_path":
+            check_read_csv(path)
+        else:
+            read_coco_captions(path)
+        if not path.resolve().is_relative_to(INPUTS.resolve()):
+            print(f"note: {path} (`{key}`) is outside {INPUTS}/, which DVC tracks: replacing it will not rerun "
+                  f"the stages that read it")
+
+
+def check_read_csv(path: Path) -> None:
+    """Kaggle's CommonLit train.csv: the file exists and its header has the columns the task reads."""
+    if not path.is_file():
+        raise PipelineError(f"missing {path} (`tasks.read_path`): download train.csv of the Kaggle competition "
+                            f"commonlitreadabilityprize and put it there (docs/profiles.md)")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise PipelineError(f"{path} (`tasks.read_path`) is not a readable CSV file: {e}") from e
+    missing = [c for c in READ_COLUMNS if c not in header]
+    if missing:
+        raise PipelineError(f"{path} (`tasks.read_path`) lacks columns {missing}; Kaggle's train.csv has id, url_legal, "
+                            f"license, excerpt, target, standard_error")
+
+
+def read_coco_captions(path: str | Path) -> list[str]:
+    """Captions from a file in the layout of COCO's `annotations/captions_train2017.json`."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"missing caption file {path} (`grounding.captions`): download MSCOCO's "
+                            f"annotations_trainval2017.zip and give annotations/captions_train2017.json, or use `generated`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        captions = [a["caption"] for a in data["annotations"]]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise PipelineError(f"{path} is not a COCO captions file (a JSON object whose `annotations` entries have a "
+                            f"`caption`): {e}") from e
+    if not captions:
+        raise PipelineError(f"{path} holds no captions")
+    return [str(c) for c in captions]
