@@ -181,6 +181,28 @@ def test_worker_pool_gives_the_same_results_as_one_process(bert_dir):
         assert a["first_epoch_loss"] == pytest.approx(b["first_epoch_loss"], rel=1e-6)
 
 
+def test_workers_share_each_gpu_as_its_memory_allows(monkeypatch):
+    """No GPU here: the plan for two GPUs of 80 and 16 GiB, as the grid would make it."""
+    from types import SimpleNamespace
+
+    memory = {0: 80 * 2**30, 1: 16 * 2**30}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=memory[i]))
+    monkeypatch.delenv(grid.RUNS_PER_GPU_ENV, raising=False)
+    devices, threads = grid.plan_workers(100, "auto")
+    assert threads == 0 and devices.count("cuda:0") == 8 and devices.count("cuda:1") == 6  # 16 GiB / 2.5 GiB per run
+    assert devices[:4] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]  # spread over the GPUs first
+    assert grid.plan_workers(3, "auto")[0] == ["cuda:0", "cuda:1", "cuda:0"]  # never more workers than runs
+    assert grid.plan_workers(100, 5)[0] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]
+    monkeypatch.setenv(grid.RUNS_PER_GPU_ENV, "1")
+    assert grid.plan_workers(100, "auto")[0] == ["cuda:0", "cuda:1"]
+    monkeypatch.setenv(grid.RUNS_PER_GPU_ENV, "many")
+    with pytest.raises(PipelineError, match="XDBERT_RUNS_PER_GPU='many' must be a positive number, or auto"):
+        grid.plan_workers(100, "auto")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert grid.plan_workers(100, 2) == (["cpu", "cpu"], 1)  # one-thread workers on a CPU
+
+
 def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir):
     # Runs of several jobs share one pool and finish in any order; each job must get its own seeds back.
     sst2 = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(get_task("sst2"), epochs=1))
@@ -218,8 +240,8 @@ def test_nan_loss_stops_with_pipeline_error(bert_dir, monkeypatch):
 def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_path, monkeypatch):
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1))
-    uninterrupted = grid.run_seeds(job, [0, 1, 2], workers=1)  # no checkpoint_dir: nothing is saved
-    job.checkpoint_dir = str(tmp_path / "finished")
+    uninterrupted = grid.run_seeds(job, [0, 1, 2], workers=1)  # no run_cache: nothing is saved
+    job.run_cache = str(tmp_path / "finished")
     trained, kill = [], [True]
 
     def killed_train_seed(job, seed, device="cpu"):
@@ -231,10 +253,12 @@ def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_
     monkeypatch.setattr(grid, "train_seed", killed_train_seed)
     with pytest.raises(KeyboardInterrupt):
         grid.run_seeds(job, [0, 1, 2], workers=1)
-    assert sorted(p.name for p in (tmp_path / "finished").iterdir()) == ["seed_0.pt", "seed_1.pt"]
+    assert sorted(p.name for p in (tmp_path / "finished").iterdir()) == sorted(
+        f"{grid.run_key(job, seed, 'cpu')}.pt" for seed in (0, 1))
     kill[0] = False
     resumed = grid.run_seeds(job, [0, 1, 2], workers=1)
     assert trained == [0, 1, 2, 2]  # only the seed in flight is trained again
+    assert [r["reused"] for r in resumed] == [True, True, False]
     for a, b in zip(uninterrupted, resumed):
         np.testing.assert_array_equal(a["predictions"]["dev"], b["predictions"]["dev"])
         assert a["metrics"] == b["metrics"] and a["last_epoch_loss"] == b["last_epoch_loss"]
@@ -434,8 +458,9 @@ FINETUNE_PARAMS = {
     "lr": {t: {"base": 3e-3, "large": 3e-3} for t in ("rte", "mrpc", "sst2", "stsb")},
     "epochs": 2, "warmup_ratio": 0.1, "batch_size": 16, "eval_batch_size": 64, "max_len": 32, "weight_decay": 0.01,
     "layer_lr_decay": 1.0, "length_group": 4, "clip_blocks_per_sentence": 2, "dropout": 0.1,
-    "seeds": [0, 1], "rte_seeds": [0, 1, 2], "workers": 2, "precision": "auto",
-    "compile": False, "models": ["tiny"], "ablations": [], "ablation_tasks": [], "full_models": [], "clip_tasks": [],
+    "seeds": [0, 1], "rte_seeds": [0, 1, 2], "precision": "auto",
+    "compile": False, "models": ["tiny"], "ablations": [], "ablation_tasks": [], "ablation_lr": None, "ablation_seeds": None,
+    "full_models": [], "clip_tasks": [],
 }
 
 
@@ -451,7 +476,7 @@ def workdir(tmp_path, bert_dir):
 
 
 def run_stage(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDBERT_FINETUNE_WORKERS": "2"}
     return subprocess.run([sys.executable, str(ROOT / "stages" / "finetune.py"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -468,6 +493,7 @@ def run_stage_here(cwd: Path, args: tuple, monkeypatch, capsys) -> tuple[int, st
 
 
 def test_stage_writes_metrics_and_predictions(workdir):
+    cache = workdir / "checkpoints" / "runs"
     for task, n_dev in (("sst2", 16), ("stsb", 12)):
         proc = run_stage(workdir, task)  # every seed in one process, a pool of 2 workers
         assert proc.returncode == 0, proc.stderr
@@ -479,22 +505,47 @@ def test_stage_writes_metrics_and_predictions(workdir):
         preds = pq.read_table(out / "predictions.parquet")
         assert preds.num_rows == 2 * n_dev and sorted(set(preds.column("seed").to_pylist())) == [0, 1]
         assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "predictions.parquet"]
-        # finished seeds were kept while the grid ran (the folder exists) and cleared once all results were written
-        assert (workdir / "checkpoints" / "finetune").is_dir() and not (workdir / "checkpoints" / "finetune" / task).exists()
+        assert f"finetune {task}: 0 of 2 runs reused from checkpoints/runs, 2 trained" in proc.stdout
     assert "finetune stsb tiny: median spearman" in proc.stdout
+    # every finished run is kept by what decided it: the same stage again trains nothing and writes the same bytes
+    assert len(list(cache.glob("*.pt"))) == 4
+    before = {p: p.read_bytes() for p in (workdir / "results" / "finetune").rglob("*") if p.is_file()}
+    again = run_stage(workdir, "stsb")
+    assert again.returncode == 0 and "finetune stsb: 2 of 2 runs reused from checkpoints/runs, 0 trained" in again.stdout
+    assert {p: p.read_bytes() for p in before} == before
 
 
 def test_runs_of_a_task_follow_the_tables():
     f = {"models": ["baseline", "xdbert"], "ablations": ["mlm"], "ablation_tasks": ["rte"], "full_models": ["xdbert"],
-         "clip_tasks": ["rte"]}
+         "clip_tasks": ["rte"], "ablation_lr": None, "ablation_seeds": None}
     study = Study.from_params(f)
-    assert study.runs("rte") == [("encoder", "baseline", "baseline"), ("encoder", "xdbert", "xdbert"),
-                                 ("encoder", "mlm", "mlm"), ("full", "xdbert", "full_xdbert"), ("clip", "clip", "clip_t")]
-    assert study.runs("sst2") == [("encoder", "baseline", "baseline"), ("encoder", "xdbert", "xdbert"),
-                                  ("full", "xdbert", "full_xdbert")]
+    T1 = "table1"
+    assert study.runs("rte") == [("encoder", "baseline", "baseline", T1), ("encoder", "xdbert", "xdbert", T1),
+                                 ("encoder", "mlm", "mlm", T1), ("full", "xdbert", "full_xdbert", T1),
+                                 ("clip", "clip", "clip_t", T1)]
+    assert study.runs("sst2") == [("encoder", "baseline", "baseline", T1), ("encoder", "xdbert", "xdbert", T1),
+                                  ("full", "xdbert", "full_xdbert", T1)]
     assert [r.model_dir for r in study.runs("rte")] == [Path("models/adapted/baseline"), Path("models/adapted/xdbert"),
                                                         Path("models/adapted/mlm"), Path("models/crossmodal/xdbert"),
                                                         Path("models/pretrain_clip")]
+    assert study.table3_runs() == {"baseline": "baseline", "xdbert": "xdbert", "mlm": "mlm"}  # Table 1's runs
+
+
+def test_table3_protocol_of_the_paper_reruns_its_rows_at_one_rate_and_five_seeds():
+    """The paper ran every ablation at lr 1e-4 with 5 runs, CoLA (Table 1: 2e-5) and RTE (Table 1: 9 seeds) too."""
+    p = values("paper")
+    cola, rte = FinetuneSettings.from_params(p, get_task("cola")), FinetuneSettings.from_params(p, get_task("rte"))
+    study = cola.study
+    assert (study.protocol.lr, study.protocol.seeds) == (1e-4, [0, 1, 2, 3, 4])
+    runs = {r.name: r for r in study.runs("cola")}
+    assert runs["xdbert"].protocol == "table1" and runs["table3_xdbert"].protocol == "ablation"
+    assert runs["table3_baseline"].model_dir == Path("models/adapted/baseline")
+    assert runs["mlm_match"].protocol == runs["twenty_epochs"].protocol == "ablation"
+    assert "table3_xdbert" not in {r.name for r in study.runs("sst2")}  # only on the ablation tasks
+    assert cola.hyperparameters("base", "encoder").lr == 2e-5                 # Table 1's CoLA rate
+    assert cola.hyperparameters("base", "encoder", "ablation").lr == 1e-4     # Table 3's
+    assert rte.seeds_of(runs["xdbert"]) == list(range(9)) and rte.seeds_of(runs["table3_xdbert"]) == [0, 1, 2, 3, 4]
+    assert study.table3_runs()["baseline"] == "table3_baseline" and study.table3_runs()["mlm"] == "mlm"
 
 
 @pytest.mark.parametrize("args, change, message", [
@@ -517,6 +568,8 @@ def test_runs_of_a_task_follow_the_tables():
     (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3}, "rtee": {"base": 1e-3, "large": 1e-3}}},
      "unknown entry of `finetune.lr` 'rtee'; allowed: rte, mrpc"),
     (("sst2",), {"ablation_tasks": ["boolq"]}, "unknown entry of `finetune.ablation_tasks` 'boolq'"),
+    (("sst2",), {"ablation_lr": 0}, "`finetune.ablation_lr` must be a positive number"),
+    (("sst2",), {"ablation_seeds": [1, 1]}, "`finetune.ablation_seeds` must list distinct integers"),
     (("sst2", "extra"), None, "usage: python stages/finetune.py TASK"),
 ])
 def test_stage_rejects_bad_input_before_any_work(workdir, args, change, message, monkeypatch, capsys):

@@ -109,7 +109,7 @@ def test_paper_profile_is_an_overlay_of_the_defaults():
     optional = {k for k in keys(embedded) | keys(paper) if k.startswith("finetune.lr.") and k.endswith(".full")}
     assert keys(embedded) - optional == keys(paper) - optional
     overlay_text = (ROOT / "xdbert/profiles/paper.yaml").read_text()
-    assert "n_boot: 1000" in overlay_text and "seeds:" not in overlay_text  # only what differs is written there
+    assert "n_boot: 1000" in overlay_text and "\n  seeds:" not in overlay_text  # only what differs is written there
     # `!replace` mappings replace whole; others merge key by key
     assert paper["tasks"]["train_sizes"] == {} and paper["finetune"]["lr"]["sst2"] == {"base": 2e-5, "large": 1e-5}
     assert "hidden_dropout_prob" not in paper["model"]["encoder_config"]

@@ -1,4 +1,5 @@
 """The DVC graph itself: a fresh repository runs, a second run skips, a changed param reruns what depends on it."""
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -93,9 +94,30 @@ def test_the_whole_graph_runs_then_skips(repo):
     for variant in ("baseline", "xdbert", "mlm_match", "placeholder"):
         assert f"\n| {variant} | " in adaptation, adaptation
     assert "| baseline | " in adaptation and adaptation.split("| baseline | ")[1].split("\n")[0].count("| - ") == 3  # no MATCH (nor its majority class), no CLIPTC
+    # Table 3 under its own protocol (the micro profile sets one): its rows of Table 1's models are runs of their own
+    table3 = (repo / "reports/table3.md").read_text()
+    assert "Table 3's own protocol" in table3 and "lr 0.002 for every task, seeds 0, 1 on every task" in table3
+    assert "2 per task (0, 1), RTE included" in table3 and "*wiki (14G), same steps*" in table3
+    for task in ("rte", "cola"):
+        own = json.loads((repo / f"results/finetune/{task}/table3_xdbert/metrics.json").read_text())
+        assert (own["protocol"], own["hyperparameters"]["lr"], own["seeds_list"]) == ("ablation", 2e-3, [0, 1])
+    table1 = json.loads((repo / "results/finetune/rte/xdbert/metrics.json").read_text())
+    assert (table1["protocol"], table1["seeds_list"]) == ("table1", [0, 1, 2])
 
     again = sh("dvc", "repro", cwd=repo)
     assert ran(again) == set(), again
+
+    # One ablation variant changes: its adaptation reruns, and of the finetuning only its runs train; DVC
+    # reruns each task's stage, which reads every other run back from checkpoints/runs.
+    p = yaml.safe_load((repo / "params.yaml").read_text())
+    p["adapt"]["variants"]["one_cross"]["init_range"] = 0.03
+    (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    changed = sh("dvc", "repro", cwd=repo)
+    assert {s for s in ran(changed) if s.startswith(("adapt", "pretrain", "dual", "corpus", "tasks"))} == {"adapt@one_cross"}
+    for task in ("rte", "mrpc", "stsb", "cola"):
+        assert f"finetune@{task}" in ran(changed)
+        trained = [line for line in changed.splitlines() if line.startswith(f"finetune {task}: ") and "runs reused" in line]
+        assert len(trained) == 1 and trained[0].endswith(", 2 trained"), trained  # one_cross's 2 seeds
 
 
 def test_a_pushed_run_is_pulled_not_recomputed(repo, tmp_path):

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -41,7 +42,9 @@ sys.path.insert(0, str(ROOT))
 from xdbert import paths, profiles  # noqa: E402
 
 KILL_STAGES = ("dual_tokenize", "adapt@xdbert", "finetune@rte", "aggregate")
-CHECKPOINTS = {"adapt@xdbert": "checkpoints/adapt/xdbert.pt", "finetune@rte": "checkpoints/finetune/rte/*/seed_*.pt"}
+CHECKPOINTS = {"adapt@xdbert": "checkpoints/adapt/xdbert.pt", "finetune@rte": "checkpoints/runs/*.pt"}
+# What a rerun that picked up the killed run's work prints: adaptation's checkpoint, or finetuning runs reused
+RESUMED = re.compile(r"resuming from|\b[1-9][0-9]* of [0-9]+ runs reused")
 SHORT_DAMAGE = ("truncated task parquet", "flipped byte in an Arrow shard", "missing shard manifest",
                 "edited adapt checkpoint")
 
@@ -152,7 +155,7 @@ class Campaign:
         """SIGKILL `stage`'s run `seconds` after its start, or, with `after` (a glob), that long after a
         checkpoint matching it first appears: a kill in the middle of training, not of the imports."""
         cmd = ["dvc", "repro", "--force", "--single-item", stage]
-        for old in self.repo.glob(after or "-"):
+        for old in self.repo.glob(CHECKPOINTS.get(stage, "-")):  # finished runs would be reused, not trained
             old.unlink()
         proc = subprocess.Popen(cmd, cwd=self.repo, env=env_for(self.repo), start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -181,7 +184,7 @@ class Campaign:
             problems.append(f"`dvc status` is not clean: {status.stdout.strip()[:300]}")
         lost = lost or bool(problems)
         self.record("kill", f"{stage} at {when}", problems, lost, False,
-                    f"{note}; the rerun {'resumed from its checkpoint' if 'resuming from' in log else 'ran'}")
+                    f"{note}; the rerun {'resumed from its checkpoint' if RESUMED.search(log) else 'ran'}")
 
     # -- damaged inputs and a full disk
 

@@ -37,12 +37,12 @@ KEYS = {
     "grounding": ("tasks", "baseline", "model", "threshold", "captions", "captions_hub_split", "captions_hub_column",
                   "n_captions", "seed", "stopwords", "examples_task", "examples_per_class"),
     "attention": ("variants", "task", "index", "max_len", "clip_blocks_per_sentence", "windows", "batch_size"),
-    "finetune": ("lr", "models", "ablations", "ablation_tasks", "full_models", "clip_tasks", "seeds", "rte_seeds",
-                 "epochs", "warmup_ratio", "batch_size", "eval_batch_size", "max_len", "weight_decay", "layer_lr_decay",
-                 "length_group", "clip_blocks_per_sentence", "dropout", "workers", "precision", "compile"),
+    "finetune": ("lr", "models", "ablations", "ablation_tasks", "ablation_lr", "ablation_seeds", "full_models",
+                 "clip_tasks", "seeds", "rte_seeds", "epochs", "warmup_ratio", "batch_size", "eval_batch_size",
+                 "max_len", "weight_decay", "layer_lr_decay", "length_group", "clip_blocks_per_sentence", "dropout",
+                 "precision", "compile"),
     "aggregate": ("n_boot", "seed"),
 }
-
 
 # What `adapt.precision` and `finetune.precision` may say (xdbert.training.mixed_precision).
 PRECISIONS = ("auto", "bf16", "fp16", "no")

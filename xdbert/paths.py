@@ -48,6 +48,7 @@ ATTENTION_METRICS = Path("results/attention.json")
 PIPELINE_FILES = ("dvc.yaml", "hub.lock.json", "inputs", "stages", "xdbert")
 
 CHECKPOINTS = Path("checkpoints")
+RUN_CACHE = CHECKPOINTS / "runs"          # /<key>.pt: finished finetuning runs, by what decided them
 # Wall-clock times and the machine of each run (xdbert.runlog), outside every stage's outputs.
 RUN_LOG = Path("logs")
 

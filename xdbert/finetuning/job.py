@@ -5,11 +5,13 @@ split once with fast batched tokenizers; `build_model` gives each seed a fresh m
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import nn
 
 from xdbert import io
@@ -35,7 +37,7 @@ class Job:
     eot_id: int = 49407
     width: int = 0
     identity: str = ""                   # hash of the model's files and the tokenized data (`job_identity`)
-    checkpoint_dir: str = ""             # where finished seeds are kept until the results are written; "" = nowhere
+    run_cache: str = ""                  # where finished runs are kept by what decided them (`grid`); "" = nowhere
 
     @property
     def dev_splits(self) -> tuple[str, ...]:
@@ -43,13 +45,12 @@ class Job:
 
 
 def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: FinetuneSettings,
-            tokenizer_dir: str | Path | None = None, checkpoint_dir: str | Path = "") -> Job:
+            tokenizer_dir: str | Path | None = None, run_cache: str | Path = "", protocol: str = "table1") -> Job:
     """Read the model's config and tokenize every split of `settings.task` once (fast batched tokenizers).
 
     encoder: the tokenizer saved in the model folder. full: the BERT tokenizer in `tokenizer_dir`
     (the cross-modal folder holds none) and CLIP blocks. clip: CLIP blocks only. The model's width
-    decides the learning rate (Table 5: base or large). Finished seeds are kept in `checkpoint_dir`
-    ("" = nowhere).
+    decides the learning rate (Table 5: base or large). Finished runs are kept in `run_cache` ("" = nowhere).
     """
     from transformers import AutoConfig, AutoTokenizer
 
@@ -96,16 +97,30 @@ def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: Fin
                 data[split] = fd.Encoded(idx=t.column("idx").to_numpy().astype(np.int64), labels=fd.labels_of(spec, t),
                                          choices=blocks.shape[1], inputs={}, pad_ids={})
             data[split].clip_ids = blocks
-    job = Job(model_kind, str(model_path), spec, settings.hyperparameters(size_of(width), model_kind), data, eot_id, width,
-              checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else "")
+    job = Job(model_kind, str(model_path), spec, settings.hyperparameters(size_of(width), model_kind, protocol), data, eot_id, width,
+              run_cache=str(run_cache) if run_cache else "")
     job.identity = job_identity(job)
     return job
 
 
+@functools.cache
+def code_digest() -> str:
+    """A hash of the code a run executes: every module of this package and the versions of torch and
+    transformers. A change to any of them makes every saved run stale."""
+    import transformers
+
+    h = hashlib.sha256(f"torch {torch.__version__} transformers {transformers.__version__}\n".encode())
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        h.update(f"{path.relative_to(package)}:{sha256_file(path)}\n".encode())
+    return h.hexdigest()[:16]
+
+
 def job_identity(job: Job) -> str:
-    """A hash of what a run's result depends on besides the hyperparameters and the seed: the model kind,
-    the task, every file of the model folder and the tokenized data. A saved seed is reused only if it matches."""
-    h = hashlib.sha256(f"{job.model_kind} {job.spec.name} {job.eot_id}\n".encode())
+    """A hash of what a run's result depends on besides the hyperparameters and the seed: the code, the
+    model kind, the task, every file of the model folder and the tokenized data. A saved run is reused only
+    if it matches."""
+    h = hashlib.sha256(f"{code_digest()} {job.model_kind} {job.spec.name} {job.eot_id}\n".encode())
     root = Path(job.model_path)
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         h.update(f"{path.relative_to(root)}:{sha256_file(path)}\n".encode())

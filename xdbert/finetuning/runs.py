@@ -6,6 +6,11 @@ A run finetunes one model on one task for every seed. Three kinds of model are f
 - `full`: the whole cross-modal model, models/crossmodal/<name> (Table 8);
 - `clip`: CLIP's text tower alone, models/pretrain_clip (Table 1's CLIP-T row, on `finetune.clip_tasks`).
 A run's results folder is named after its model: the encoder's name, `full_<name>` or `clip_t`.
+
+Table 3 has a protocol of its own (`finetune.ablation_lr`, `finetune.ablation_seeds`): the paper ran every
+ablation at lr 1e-4, CoLA included (Table 1's CoLA rate is 2e-5), with 5 runs, RTE included (Table 1's RTE
+has 9 here). When it is set, Table 3's rows of Table 1's models are runs of their own under it, named
+`table3_<name>`; when it is not (null, null), Table 3 reuses Table 1's runs.
 """
 from __future__ import annotations
 
@@ -36,17 +41,55 @@ MODEL_KINDS = tuple(MODEL_FOLDERS)   # what `finetuning.job.prepare` can finetun
 CLIP_MODEL = "clip"                  # the model name of the one `clip` run
 
 
+TABLE3_PREFIX = "table3_"  # the run of a Table 1 model under Table 3's own protocol
+
+
+def seed_list(section: dict, key: str, where: str) -> list[int]:
+    """`<where>.<key>`: a non-empty list of distinct integer seeds."""
+    chosen = params.get(section, key, where)
+    if not isinstance(chosen, list) or not chosen:
+        raise PipelineError(f"`{where}.{key}` must be a non-empty list of integer seeds; got {chosen!r}")
+    if any(not isinstance(x, int) or isinstance(x, bool) for x in chosen) or len(set(chosen)) != len(chosen):
+        raise PipelineError(f"`{where}.{key}` must list distinct integers; got {chosen!r}")
+    return chosen
+
+
+@dataclass(frozen=True)
+class AblationProtocol:
+    """How Table 3's runs are finetuned: one rate for every task and model size, and one seed list for every
+    task. None: Table 1's rate of the task, or its seeds."""
+
+    lr: float | None
+    seeds: list[int] | None
+
+    @classmethod
+    def from_params(cls, finetune: dict) -> AblationProtocol:
+        lr = params.get(finetune, "ablation_lr", "finetune")
+        if lr is not None:
+            lr = params.positive(lr, "finetune.ablation_lr", float)
+        seeds = None
+        if params.get(finetune, "ablation_seeds", "finetune") is not None:
+            seeds = seed_list(finetune, "ablation_seeds", "finetune")
+        return cls(lr, seeds)
+
+    @property
+    def own(self) -> bool:
+        """Whether Table 3 runs under a protocol of its own, not on Table 1's runs."""
+        return self.lr is not None or self.seeds is not None
+
+
 def run_name(model_kind: str, model: str) -> str:
     """The results folder of the run that finetunes `model` (results/finetune/<task>/<run name>)."""
     return MODEL_FOLDERS[model_kind].run_name.format(model)
 
 
 class Run(NamedTuple):
-    """One run of a task: (model kind, model name, run name)."""
+    """One run of a task: (model kind, model name, run name, protocol: "table1" or "ablation")."""
 
     model_kind: str
     model: str
     name: str
+    protocol: str = "table1"
 
     @property
     def model_dir(self) -> Path:
@@ -69,17 +112,27 @@ class Study:
     ablation_tasks: list[str]
     full_models: list[str]      # Table 8: whole cross-modal models finetuned on every task
     clip_tasks: list[str]       # Table 1's CLIP-T row
+    protocol: AblationProtocol  # how Table 3's runs are finetuned
 
     @classmethod
     def from_params(cls, finetune: dict) -> Study:
         """The run lists of the `finetune` section (`finetune`: that section), checked."""
-        return cls(**{key: _names(finetune, key) for key in ("models", "ablations", "ablation_tasks", "full_models", "clip_tasks")})
+        return cls(**{key: _names(finetune, key) for key in ("models", "ablations", "ablation_tasks", "full_models", "clip_tasks")},
+                   protocol=AblationProtocol.from_params(finetune))
+
+    def table3_runs(self) -> dict[str, str]:
+        """Table 3's rows: model name -> the run that finetuned it under Table 3's protocol."""
+        own = TABLE3_PREFIX if self.protocol.own else ""
+        return {**{m: own + run_name("encoder", m) for m in self.models}, **{m: run_name("encoder", m) for m in self.ablations}}
 
     def runs(self, task: str) -> list[Run]:
         """Every run the study makes on task `task`, in the order their results are written."""
         out = [Run("encoder", m, run_name("encoder", m)) for m in self.models]
         if task in self.ablation_tasks:
-            out += [Run("encoder", m, run_name("encoder", m)) for m in self.ablations]
+            protocol = "ablation" if self.protocol.own else "table1"
+            if self.protocol.own:  # Table 3's rows of Table 1's models, rerun under its protocol
+                out += [Run("encoder", m, TABLE3_PREFIX + run_name("encoder", m), protocol) for m in self.models]
+            out += [Run("encoder", m, run_name("encoder", m), protocol) for m in self.ablations]
         out += [Run("full", m, run_name("full", m)) for m in self.full_models]
         if task in self.clip_tasks:
             out.append(Run("clip", CLIP_MODEL, run_name("clip", CLIP_MODEL)))

@@ -13,7 +13,7 @@ from typing import Any
 from xdbert import params
 from xdbert.data.tasks.registry import TASK_NAMES, TaskSpec
 from xdbert.errors import PipelineError
-from xdbert.finetuning.runs import Study
+from xdbert.finetuning.runs import Run, Study, seed_list
 
 LARGE_WIDTH = 1024          # Table 5: "large" models (BERT-l, ELECTRA-l) are 1024 wide
 MAX_GRAD_NORM = 1.0         # gradient clipping, transformers' default; not a param
@@ -62,16 +62,6 @@ class Hyperparameters:
     compile: bool                   # torch.compile the model (lengths dynamic); pays off on long GPU runs
 
 
-def seed_list(section: dict, key: str, where: str) -> list[int]:
-    """`<where>.<key>`: a non-empty list of distinct integer seeds."""
-    chosen = params.get(section, key, where)
-    if not isinstance(chosen, list) or not chosen:
-        raise PipelineError(f"`{where}.{key}` must be a non-empty list of integer seeds; got {chosen!r}")
-    if any(not isinstance(x, int) or isinstance(x, bool) for x in chosen) or len(set(chosen)) != len(chosen):
-        raise PipelineError(f"`{where}.{key}` must list distinct integers; got {chosen!r}")
-    return chosen
-
-
 def seeds_key(task: TaskSpec) -> str:
     """RTE's dev set is the smallest and noisiest: it has seeds of its own (`finetune.rte_seeds`)."""
     return "rte_seeds" if task.name == "rte" else "seeds"
@@ -108,7 +98,6 @@ class FinetuneSettings:
     compile: bool
     lr: dict                        # task -> {base, large[, full]: rate}: Table 5, per task
     seeds: list[int]                # this task's seeds (`seeds`, or `rte_seeds` for RTE)
-    workers: int | str              # worker processes, or `auto`
     study: Study                    # which models are finetuned
 
     @classmethod
@@ -134,17 +123,21 @@ class FinetuneSettings:
         for name in dict.fromkeys([task.name, *lr]):  # every task's rates, this task's first: a typo shows in any stage
             _rates(lr, name)
         seeds = seed_list(f, seeds_key(task), "finetune")
-        workers = params.get(f, "workers", "finetune")
-        if workers != "auto":
-            workers = params.positive(workers, "finetune.workers")
         study = Study.from_params(f)
         for key in ("ablation_tasks", "clip_tasks"):
             params.subset(getattr(study, key), f"finetune.{key}", TASK_NAMES, nonempty=False)
-        return cls(task=task, **s, lr=lr, seeds=seeds, workers=workers, study=study)
+        return cls(task=task, **s, lr=lr, seeds=seeds, study=study)
 
-    def hyperparameters(self, size: str, model_kind: str) -> Hyperparameters:
-        """The hyperparameters of a run on a `size` model (Table 5's base or large) of `model_kind`."""
+    def hyperparameters(self, size: str, model_kind: str, protocol: str = "table1") -> Hyperparameters:
+        """The hyperparameters of a run on a `size` model (Table 5's base or large) of `model_kind`, under
+        Table 1's protocol or Table 3's (`ablation`: its one rate, where it gives one)."""
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(Hyperparameters)
                   if f.name not in ("lr", "max_grad_norm")}  # the section's values, one for one
-        return Hyperparameters(lr=learning_rate(self.lr, self.task, size, model_kind), max_grad_norm=MAX_GRAD_NORM,
-                               **shared)
+        lr = self.study.protocol.lr if protocol == "ablation" else None
+        if lr is None:
+            lr = learning_rate(self.lr, self.task, size, model_kind)
+        return Hyperparameters(lr=lr, max_grad_norm=MAX_GRAD_NORM, **shared)
+
+    def seeds_of(self, run: Run) -> list[int]:
+        """The seeds of a run: the task's, or Table 3's protocol's where it gives them."""
+        return self.study.protocol.seeds if run.protocol == "ablation" and self.study.protocol.seeds else self.seeds

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from xdbert import params
 from xdbert.data.tasks.registry import TASK_NAMES, TaskSpec, get_task
 from xdbert.errors import PipelineError
-from xdbert.finetuning.runs import Study
-from xdbert.finetuning.settings import seed_list
+from xdbert.finetuning.runs import Study, seed_list
 
 
 @dataclass(frozen=True)
