@@ -179,6 +179,14 @@ def _inv_sqrt(cov: np.ndarray) -> np.ndarray:
     return (v / np.sqrt(w)) @ v.T
 
 
+def _centred_covariances(x: np.ndarray, y: np.ndarray):
+    """((x_mean, y_mean), (x centred, y centred), (Sxx, Syy, Sxy)) with the unbiased (n - 1) normalisation."""
+    n = x.shape[0]
+    x_mean, y_mean = x.mean(axis=0), y.mean(axis=0)
+    xc, yc = x - x_mean, y - y_mean
+    return (x_mean, y_mean), (xc, yc), (xc.T @ xc / (n - 1), yc.T @ yc / (n - 1), xc.T @ yc / (n - 1))
+
+
 def _ridge(cov: np.ndarray, eps: float) -> np.ndarray:
     return cov + eps * (np.trace(cov) / cov.shape[0]) * np.eye(cov.shape[0])
 
@@ -197,13 +205,8 @@ def cca(x: np.ndarray, y: np.ndarray, eps: float = 1e-6) -> CCAResult:
     x, y = _as_views(x, y)
     if eps < 0:
         raise ValueError(f"eps must be >= 0; got {eps}")
-    n = x.shape[0]
-    x_mean, y_mean = x.mean(axis=0), y.mean(axis=0)
-    xc, yc = x - x_mean, y - y_mean
-    sxx = _ridge(xc.T @ xc / (n - 1), eps)
-    syy = _ridge(yc.T @ yc / (n - 1), eps)
-    sxy = xc.T @ yc / (n - 1)
-    wx, wy = _inv_sqrt(sxx), _inv_sqrt(syy)
+    (x_mean, y_mean), _, (sxx, syy, sxy) = _centred_covariances(x, y)
+    wx, wy = _inv_sqrt(_ridge(sxx, eps)), _inv_sqrt(_ridge(syy, eps))
     u, s, vt = np.linalg.svd(wx @ sxy @ wy, full_matrices=False)
     k = min(x.shape[1], y.shape[1])
     # Rounding can push a perfect correlation a hair above 1; a correlation cannot exceed 1.
@@ -238,10 +241,7 @@ def _svcca_weights(x: np.ndarray, y: np.ndarray, eps: float, weight_by: str) -> 
     """Canonical correlations and projection weights in google/svcca's convention (module docstring).
 
     Returns (rho, weights, view) with `view` the weighting view, "x" or "y"."""
-    n = x.shape[0]
-    x_mean, y_mean = x.mean(axis=0), y.mean(axis=0)
-    xc, yc = x - x_mean, y - y_mean
-    sxx, syy, sxy = xc.T @ xc / (n - 1), yc.T @ yc / (n - 1), xc.T @ yc / (n - 1)
+    (x_mean, y_mean), (xc, yc), (sxx, syy, sxy) = _centred_covariances(x, y)
     x_scale, y_scale = np.abs(sxx).max(), np.abs(syy).max()
     if x_scale == 0 or y_scale == 0:
         raise ValueError("a view is constant: CCA needs variance in both views")
