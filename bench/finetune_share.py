@@ -11,9 +11,12 @@ of the pipeline's own `train_seed`. Throughput = real (non-padding) training tok
 (the training FLOPs of the encoder, attention excluded) against `--peak` bf16 TFLOP/s.
 
 Model: a random BERT (`--size base`: 12 x 768) with a WordPiece vocabulary trained on the task text;
-task: the RTE stand-in (about 30 real tokens a pair, GLUE-like), `--train` examples.
+task: a GLUE stand-in (`--task`; RTE's pairs are about 30 real tokens, GLUE-like), `--train` examples.
+`--compile` compiles every run as `finetune.compile` does (on a GPU with CUDA graphs); `--compile-mode
+default` compiles without them, for comparison.
 
-    python bench/finetune_share.py [--size base] [--runs 1,2,4,8] [--seeds 2] [--train 4000] [--compile]
+    python bench/finetune_share.py [--size base] [--task rte] [--runs 1,2,4,8] [--seeds 2] [--train 4000]
+                                   [--compile [--compile-mode reduce-overhead|default]]
 
 Writes bench/results/finetune_share.md and .json (or under --out).
 """
@@ -36,55 +39,68 @@ from finetune_speed import SIZES, build_bert, finetune_settings  # noqa: E402  (
 
 from xdbert.data.synthetic.tasks import generate_task  # noqa: E402
 from xdbert.data.tasks.registry import get_task  # noqa: E402
+from xdbert.finetuning import loop  # noqa: E402
 from xdbert.finetuning.job import prepare  # noqa: E402
-from xdbert.finetuning.loop import train_seed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Table 1's two BERT-b rows: 9 tasks, 3 epochs, 5 seeds (RTE 9), about 38 real tokens an example.
 TABLE1_BERT_TOKENS = 1.4e9
 
 
-def worker(model_dir, tables, settings, seeds, barrier, results) -> None:
-    gpu = torch.cuda.is_available()
-    device = "cuda" if gpu else "cpu"
-    torch.set_num_threads(1)  # on a CPU each run is one core's, as in the grid
-    job = prepare("encoder", model_dir, tables, settings)
-    train_seed(job, 1000, device)  # warm-up, not timed
-    if gpu:
-        torch.cuda.synchronize()
-    barrier.wait()
-    start = time.time()
-    runs = [train_seed(job, seed, device) for seed in seeds]
-    if gpu:
-        torch.cuda.synchronize()
-    split, metric = settings.task.dev_splits[0], settings.task.metric
-    tokens = int(job.data["train"].lengths.sum()) * settings.epochs
-    results.put({"start": start, "end": time.time(), "tokens": tokens * len(seeds),
-                 "examples": sum(r["train_examples"] for r in runs),
-                 "accuracy": [r["metrics"][split][metric] for r in runs],
-                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0})
+def worker(model_dir, tables, settings, seeds, compile_mode, barrier, results) -> None:
+    try:
+        gpu = torch.cuda.is_available()
+        device = "cuda" if gpu else "cpu"
+        torch.set_num_threads(1)  # on a CPU each run is one core's, as in the grid
+        loop.CUDA_COMPILE_MODE = None if compile_mode == "default" else compile_mode
+        job = prepare("encoder", model_dir, tables, settings)
+        t0 = time.time()
+        loop.train_seed(job, 1000, device)  # warm-up, not timed
+        if gpu:
+            torch.cuda.synchronize()
+        warmup = time.time() - t0
+        barrier.wait()
+        start = time.time()
+        runs = [loop.train_seed(job, seed, device) for seed in seeds]
+        if gpu:
+            torch.cuda.synchronize()
+        split, metric = settings.task.dev_splits[0], settings.task.metric
+        tokens = int(job.data["train"].lengths.sum()) * settings.epochs
+        results.put({"start": start, "end": time.time(), "tokens": tokens * len(seeds), "warmup_seconds": warmup,
+                     "examples": sum(r["train_examples"] for r in runs),
+                     "accuracy": [r["metrics"][split][metric] for r in runs],
+                     "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0})
+    except BaseException as e:  # the others must not wait for this one at the barrier
+        barrier.abort()
+        results.put({"error": f"{type(e).__name__}: {e}"})
+        raise
 
 
-def share(k: int, model_dir: Path, tables: dict, settings, seeds: list[int]) -> dict:
+def share(k: int, model_dir: Path, tables: dict, settings, seeds: list[int], compile_mode: str) -> dict:
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(k), context.Queue()
     procs = [context.Process(target=worker, args=(model_dir, tables, settings, [s + 10 * i for s in seeds],
-                                                  barrier, results)) for i in range(k)]
+                                                  compile_mode, barrier, results)) for i in range(k)]
     for p in procs:
         p.start()
     out = [results.get() for _ in procs]
     for p in procs:
         p.join()
+    errors = sorted({r["error"] for r in out if "error" in r})
+    if errors:
+        return {"runs_per_gpu": k, "error": "; ".join(errors)}
     wall = max(r["end"] for r in out) - min(r["start"] for r in out)
     tokens, examples = sum(r["tokens"] for r in out), sum(r["examples"] for r in out)
     return {"runs_per_gpu": k, "wall_seconds": wall, "tokens_per_second": tokens / wall,
             "examples_per_second": examples / wall, "dev_accuracy": [a for r in out for a in r["accuracy"]],
-            "peak_gib_per_run": max(r["peak_gib"] for r in out)}
+            "peak_gib_per_run": max(r["peak_gib"] for r in out),
+            "warmup_seconds": max(r["warmup_seconds"] for r in out)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=tuple(SIZES), default="base")
+    ap.add_argument("--task", default="rte", help="a GLUE stand-in with two-class accuracy")
     ap.add_argument("--runs", default="1,2,4,8", help="runs per GPU to measure, comma-separated")
     ap.add_argument("--seeds", type=int, default=2, help="timed seeds per run process")
     ap.add_argument("--train", type=int, default=4000, help="training examples of the RTE stand-in")
@@ -92,11 +108,14 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--compile", action="store_true", help="finetune.compile in every run")
+    ap.add_argument("--compile-mode", choices=("reduce-overhead", "default"), default=loop.CUDA_COMPILE_MODE,
+                    help="torch.compile's mode on a GPU (reduce-overhead: CUDA graphs, what the pipeline uses)")
+    ap.add_argument("--name", default="finetune_share", help="results file name, without suffix")
     ap.add_argument("--peak", type=float, default=989.0, help="bf16 dense TFLOP/s of the GPU (H100 SXM: 989)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
-    spec = get_task("rte")
-    tables = generate_task("rte", args.train, 400, seed=0)
+    spec = get_task(args.task)
+    tables = generate_task(args.task, args.train, 400, seed=0)
     settings = finetune_settings(spec, args.lr, epochs=args.epochs, batch_size=args.batch_size, max_len=128,
                                  warmup_ratio=0.1, weight_decay=0.01, precision="auto", compile=args.compile,
                                  length_group=50)
@@ -108,33 +127,45 @@ def main() -> None:
         n_params = sum(p.numel() for p in BertModel.from_pretrained(model_dir).parameters())
         for k in [int(x) for x in args.runs.split(",")]:
             t0 = time.time()
-            row = share(k, model_dir, tables, settings, list(range(args.seeds)))
-            row["mfu"] = 6 * n_params * row["tokens_per_second"] / (args.peak * 1e12)
-            row["table1_bert_rows_gpu_hours"] = TABLE1_BERT_TOKENS / row["tokens_per_second"] / 3600
+            row = share(k, model_dir, tables, settings, list(range(args.seeds)), args.compile_mode)
+            if "error" not in row:
+                row["mfu"] = 6 * n_params * row["tokens_per_second"] / (args.peak * 1e12)
+                row["table1_bert_rows_gpu_hours"] = TABLE1_BERT_TOKENS / row["tokens_per_second"] / 3600
             row["total_seconds"] = time.time() - t0
             rows.append(row)
             print(json.dumps(row), flush=True)
-    base = rows[0]["tokens_per_second"]
+            write(args, n_params, rows)
+
+
+def write(args, n_params: int, rows: list[dict]) -> None:
+    done = [r for r in rows if "error" not in r]
+    base = done[0]["tokens_per_second"] if done else None
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor()})"
+    mode = f"compiled ({args.compile_mode})" if args.compile else "eager"
     result = {"device": device, "torch": torch.__version__, "size": args.size, "parameters": n_params,
-              "train_examples": args.train, "epochs": args.epochs, "batch_size": args.batch_size,
-              "compile": args.compile, "timed_seeds_per_process": args.seeds, "rows": rows,
+              "task": args.task, "train_examples": args.train, "epochs": args.epochs, "lr": args.lr,
+              "batch_size": args.batch_size, "compile": args.compile and args.compile_mode,
+              "timed_seeds_per_process": args.seeds, "rows": rows,
               "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "finetune_share.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Finetuning runs sharing one GPU ({device})", "",
-             f"Random BERT {args.size} ({n_params:,} parameters), RTE stand-in ({args.train} training examples), "
-             f"{args.epochs} epoch, batch {args.batch_size}, bf16 autocast{', compiled' if args.compile else ', eager'}; "
+             f"Random BERT {args.size} ({n_params:,} parameters), {args.task.upper()} stand-in ({args.train} training "
+             f"examples), {args.epochs} epochs at lr {args.lr}, batch {args.batch_size}, bf16 autocast, {mode}; "
              f"{args.seeds} timed seeds per process after one warm-up seed; torch {torch.__version__}.", "",
-             "| runs per GPU | real tokens/s | examples/s | vs 1 run | MFU | Table 1 BERT-b rows, GPU-hours | peak GiB per run |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| runs per GPU | real tokens/s | examples/s | vs 1 run | MFU | Table 1 BERT-b rows, GPU-hours | peak GiB per run | dev accuracy | warm-up s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['runs_per_gpu']} | failed: {r['error'][:200]} | | | | | | | |")
+            continue
+        acc = r["dev_accuracy"]
         lines.append(f"| {r['runs_per_gpu']} | {r['tokens_per_second']:,.0f} | {r['examples_per_second']:,.0f} | "
                      f"{r['tokens_per_second'] / base:.2f}x | {r['mfu']:.1%} | {r['table1_bert_rows_gpu_hours']:.2f} | "
-                     f"{r['peak_gib_per_run']:.1f} |")
+                     f"{r['peak_gib_per_run']:.1f} | {min(acc):.3f}-{max(acc):.3f} | {r['warmup_seconds']:.0f} |")
     lines += ["", f"Rerun with `python {' '.join(sys.argv)}`."]
-    (args.out / "finetune_share.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":

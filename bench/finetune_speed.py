@@ -67,13 +67,14 @@ PAPER_TRAIN_SIZES = {"rte": 2490, "mrpc": 3668, "stsb": 5749, "cola": 8551, "sst
 TABLE1_ROWS = {"base": (4, [t for t in PAPER_TRAIN_SIZES if t != "read"]), "large": (2, list(PAPER_TRAIN_SIZES))}
 
 
-def load_tables(task: str) -> tuple[dict, str]:
+def load_tables(task: str, train_size: int | None = None) -> tuple[dict, str]:
+    """The task's data from data/tasks, or generated here (with `train_size` examples where given)."""
     spec = get_task(task)
     task_dir = ROOT / "data" / "tasks"
-    if all((task_dir / task / f"{s}.parquet").is_file() for s in spec.splits):
+    if train_size is None and all((task_dir / task / f"{s}.parquet").is_file() for s in spec.splits):
         return fd.read_task(task_dir, spec), f"{task_dir.relative_to(ROOT)}/{task}"
     t = (params.read_yaml(ROOT / "params.yaml") or {}).get("tasks", {}) if (ROOT / "params.yaml").is_file() else {}
-    size, dev, seed = t.get("train_size", 600), t.get("dev_size", 200), t.get("seed", 0)
+    size, dev, seed = train_size or t.get("train_size", 600), t.get("dev_size", 200), t.get("seed", 0)
     return generate_task(task, size, dev, seed), f"generated here (train {size}, dev {dev}, seed {seed})"
 
 
@@ -117,15 +118,16 @@ def run_pipeline(model_dir: Path, spec, tables: dict, args) -> dict:
 
 def run_trainer(model_dir: Path, spec, tables: dict, args, work: Path) -> dict:
     """run_glue.py's recipe: pad_to_max_length (128), AutoModelForSequenceClassification, Trainer defaults."""
-    from datasets import Dataset
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
-    def dataset(table):
+    def dataset(table) -> list[dict]:
+        """A list of examples: the Trainer takes any map-style dataset, and GPU machines lack `datasets`."""
         first, second, _ = fd.sentences(spec, table)
         enc = tokenizer(first, second, padding="max_length", max_length=128, truncation=True)
-        return Dataset.from_dict({**enc, "label": fd.labels_of(spec, table).tolist()})
+        labels = fd.labels_of(spec, table).tolist()
+        return [{**{k: v[i] for k, v in enc.items()}, "label": label} for i, label in enumerate(labels)]
 
     t0 = time.time()
     train, dev = dataset(tables["train"]), dataset(tables[spec.dev_splits[0]])
@@ -183,11 +185,14 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=5, help="5: the tiny random BERT learns RTE's stand-in in 5, not 3")
     ap.add_argument("--lr", type=float, default=1e-3, help="tiny random-init models need far more than the paper's 1e-4")
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--train", type=int, default=None, help="generate this many training examples (default: data/tasks)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true", help="torch.compile both sides (finetune.compile; the Trainer's torch_compile)")
     ap.add_argument("--length-group", type=int, default=None,
                     help="batches per length-sorted mega-batch (default: finetune.length_group in params.yaml)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of both; the pipeline's workers use 1 each on a CPU")
+    ap.add_argument("--no-projection", dest="projection", action="store_false",
+                    help="on a GPU, skip the Table 1 cost projection (base and large encoders at 128 tokens)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     if args.length_group is None:
@@ -197,7 +202,7 @@ def main() -> None:
     spec = get_task(args.task)
     if spec.kind == "multiple_choice":
         raise SystemExit("the Trainer reference here is run_glue's (sequence classification); pick a GLUE task or READ")
-    tables, source = load_tables(args.task)
+    tables, source = load_tables(args.task, args.train)
     n_train = tables["train"].num_rows
 
     gpu = torch.cuda.is_available()
@@ -212,7 +217,7 @@ def main() -> None:
         repeats = 2 if gpu else 1
         ours_runs = [run_pipeline(work / "bert", spec, tables, args) for _ in range(repeats)]
         ref_runs = [run_trainer(work / "bert", spec, tables, args, work) for _ in range(repeats)]
-        grid = project_grid(spec, tables, args, work) if gpu else None
+        grid = project_grid(spec, tables, args, work) if gpu and args.projection else None
     for r in ours_runs + ref_runs:
         r["examples_per_second"] = n_train * args.epochs / r["train_seconds"]
     ours, ref = ours_runs[-1], ref_runs[-1]

@@ -40,6 +40,30 @@ def pad_multiple(max_len: int, device: torch.device) -> int:
     return 8 if device.type == "cuda" and max_len % 8 == 0 else 1
 
 
+# How a GPU compiles the model (`finetune.compile`): a step of a base model on short batches is bound by
+# the CPU launching ~1,200 small kernels. Compiling fuses most of them, and CUDA graphs (`reduce-overhead`)
+# replay each batch shape's kernels with one launch (bench/finetune_share.py measures both).
+CUDA_COMPILE_MODE = "reduce-overhead"
+
+
+def compiled(model: nn.Module, device: torch.device) -> nn.Module:
+    """The model compiled for `device`. One graph serves every batch length (dynamic), so length-grouped
+    batches do not recompile; CUDA graphs are recorded once per batch shape."""
+    return torch.compile(model, dynamic=True, mode=CUDA_COMPILE_MODE if device.type == "cuda" else None)
+
+
+def epoch_loss(losses: list[torch.Tensor], step: int, where: str) -> float:
+    """The mean of an epoch's step losses, checked here rather than at every step: reading a loss on the
+    CPU waits for the GPU, and a step of short batches is too quick to pay that wait. A run whose loss
+    became non-finite raises at its epoch's end, naming the first such step; nothing of it is kept."""
+    stacked = torch.stack(losses)
+    finite = torch.isfinite(stacked)
+    if not finite.all():
+        first = int((~finite).nonzero()[0])
+        training.check_finite(stacked[first], step - len(losses) + first, where)
+    return float(stacked.mean())
+
+
 def _to_device(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device, non_blocking=True) for k, v in batch.items()}
 
@@ -88,10 +112,7 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
         g.pop("names")
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
     precision = training.Precision(s.precision, device)
-    # A GPU step of a base model on short batches is bound by the CPU launching ~1,200 small kernels;
-    # compiling fuses most of them. One graph serves every batch length (dynamic), so length-grouped
-    # batches do not recompile.
-    forward = torch.compile(model, dynamic=True) if s.compile else model
+    forward = compiled(model, device) if s.compile else model
 
     where = f"finetune {job.model_kind} {Path(job.model_path).name} {spec.name} seed {seed}"
     multiple = pad_multiple(s.max_len, device)
@@ -102,17 +123,18 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
         for rows in fd.length_grouped_batches(lengths, s.batch_size, seed, epoch, s.length_group):
             batch = _to_device(fd.collate(train, rows, multiple), device)
             torch.manual_seed(training.step_seed(seed, -2, step))  # dropout of this step
+            if s.compile:
+                torch.compiler.cudagraph_mark_step_begin()
             with precision.autocast():
                 scores = forward(batch)
             loss = task_loss(spec, scores, batch["labels"])
-            training.check_finite(loss.detach(), step, where)
             precision.scale(loss).backward()
             precision.step(optimizer, model.parameters(), s.max_grad_norm)
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
             step += 1
-        epoch_losses.append(float(torch.stack(losses).mean()))
+        epoch_losses.append(epoch_loss(losses, step, where))
 
     train_seconds = time.time() - t_train
     t_eval = time.time()
