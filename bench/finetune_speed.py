@@ -105,7 +105,7 @@ def run_pipeline(model_dir: Path, spec, tables: dict, args) -> dict:
     t0 = time.time()
     job = prepare("encoder", model_dir, tables, settings)
     tokenize_seconds = time.time() - t0
-    (run,) = run_seeds(job, [args.seed], workers=1)  # on the GPU when there is one
+    (run,) = run_seeds(job, [args.seed])  # on the GPU when there is one
     split = spec.dev_splits[0]
     lengths = job.data["train"].lengths
     m = pad_multiple(settings.max_len, torch.device("cuda" if torch.cuda.is_available() else "cpu"))

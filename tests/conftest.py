@@ -8,7 +8,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite runs on the CPU everywhere: several tests assert that two runs give bit-equal weights, which
-# holds for fp32 CPU kernels, not for bf16 autocast and cuBLAS, and `finetuning.grid.plan_workers` would
-# hand the grid to a GPU when it sees one. GPU checks are run on purpose (the bench scripts on a GPU
+# holds for fp32 CPU kernels, not for bf16 autocast and cuBLAS, and the finetuning grid would train
+# on a GPU when it sees one. GPU checks are run on purpose (the bench scripts on a GPU
 # machine), not by pytest.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""

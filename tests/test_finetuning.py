@@ -18,7 +18,7 @@ import yaml
 from xdbert.data.tasks.registry import TaskSpec, get_task, to_table, write_tasks
 from xdbert.errors import PipelineError
 from xdbert.finetuning import data as fd
-from xdbert.finetuning import grid, loop
+from xdbert.finetuning import engine, grid, loop
 from xdbert.finetuning import job as job_module
 from xdbert.finetuning.heads import EncoderClassifier, RowSubsetEmbedding
 from xdbert.finetuning.job import build_model, prepare
@@ -126,7 +126,7 @@ def settings(spec: TaskSpec, lr: float = 3e-3, **changes) -> FinetuneSettings:
 def test_classification_learns_and_seeds_reproduce(bert_dir):
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2"), settings(spec))
-    first, other = grid.run_seeds(job, [0, 1], workers=1)
+    first, other = grid.run_seeds(job, [0, 1])
     again = train_seed(job, 0)
     assert first["metrics"]["dev"]["accuracy"] >= 0.9, first["metrics"]
     assert first["precision"] == "no"  # `auto` on the CPU
@@ -140,7 +140,7 @@ def test_regression_learns_and_seeds_differ(bert_dir):
     spec = get_task("stsb")
     job = prepare("encoder", bert_dir, keyword_tables("stsb"), settings(spec, epochs=8, lr=5e-3))
     assert job.data["train"].labels.dtype == np.float32 and job.data["train"].choices == 1
-    a, b = grid.run_seeds(job, [0, 1], workers=1)
+    a, b = grid.run_seeds(job, [0, 1])
     assert a["metrics"]["dev"]["spearman"] > 0.7, a["metrics"]  # 0.89-0.97 over seeds 0-9 here
     assert a["last_epoch_loss"] < 0.5 * a["first_epoch_loss"]
     assert a["predictions"]["dev"].dtype == np.float64
@@ -151,7 +151,7 @@ def test_multiple_choice_learns(bert_dir):
     spec = get_task("swag")
     job = prepare("encoder", bert_dir, keyword_tables("swag"), settings(spec, epochs=8))
     assert job.data["train"].choices == 4
-    (r,) = grid.run_seeds(job, [0], workers=1)
+    (r,) = grid.run_seeds(job, [0])
     assert r["metrics"]["dev"]["accuracy"] >= 0.6, r["metrics"]  # chance is 0.25
     assert r["last_epoch_loss"] < 0.7 * r["first_epoch_loss"]
     assert set(np.unique(r["predictions"]["dev"])) <= {0, 1, 2, 3}
@@ -170,37 +170,42 @@ def test_fp16_forced_on_the_cpu_learns_with_loss_scaling(bert_dir, monkeypatch):
     assert r["last_epoch_loss"] < 0.5 * r["first_epoch_loss"]
 
 
-def test_worker_pool_gives_the_same_results_as_one_process(bert_dir):
+def test_the_grid_gives_the_same_bytes_with_one_or_two_ray_workers(bert_dir):
+    """Each run's result is a function of the run alone: not of how many workers the grid had, nor of
+    whether a Ray worker or this process trained it."""
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1))
-    alone = grid.run_seeds(job, [5, 6], workers=1)  # one thread (fixture), like each of the pool's workers
-    pooled = grid.run_seeds(job, [5, 6], workers=2)
-    assert [r["seed"] for r in pooled] == [5, 6]
-    for a, b in zip(alone, pooled):
-        np.testing.assert_array_equal(a["predictions"]["dev"], b["predictions"]["dev"])
-        assert a["first_epoch_loss"] == pytest.approx(b["first_epoch_loss"], rel=1e-6)
+    here = grid.run_seeds(job, [5, 6])
+    one, two = (grid.run_grid([(job, [5, 6])], workers=n)[0] for n in (1, 2))
+    assert [r["seed"] for r in two] == [5, 6]
+    for a, b, c in zip(here, one, two):
+        for other in (b, c):
+            assert a["predictions"]["dev"].tobytes() == other["predictions"]["dev"].tobytes()
+            assert (a["metrics"], a["first_epoch_loss"], a["last_epoch_loss"]) == \
+                (other["metrics"], other["first_epoch_loss"], other["last_epoch_loss"])
 
 
 def test_workers_share_each_gpu_as_its_memory_allows(monkeypatch):
-    """No GPU here: the plan for two GPUs of 80 and 16 GiB, as the grid would make it."""
+    """No GPU here: how many workers the grid starts on clusters of two 80 GiB GPUs, or 2 CPUs."""
     from types import SimpleNamespace
 
-    memory = {0: 80 * 2**30, 1: 16 * 2**30}
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=memory[i]))
-    monkeypatch.delenv(grid.RUNS_PER_GPU_ENV, raising=False)
-    devices, threads = grid.plan_workers(100, "auto")
-    assert threads == 0 and devices.count("cuda:0") == 8 and devices.count("cuda:1") == 6  # 16 GiB / 2.5 GiB per run
-    assert devices[:4] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]  # spread over the GPUs first
-    assert grid.plan_workers(3, "auto")[0] == ["cuda:0", "cuda:1", "cuda:0"]  # never more workers than runs
-    assert grid.plan_workers(100, 5)[0] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]
-    monkeypatch.setenv(grid.RUNS_PER_GPU_ENV, "1")
-    assert grid.plan_workers(100, "auto")[0] == ["cuda:0", "cuda:1"]
-    monkeypatch.setenv(grid.RUNS_PER_GPU_ENV, "many")
+    resources = {"CPU": 32, "GPU": 2}
+    monkeypatch.setattr(engine.ray, "cluster_resources", lambda: resources)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.delenv(engine.RUNS_PER_GPU_ENV, raising=False)
+    assert engine.plan(100, "auto") == (16, 1 / 8)   # 8 runs of 2.5 GiB share each GPU
+    assert engine.plan(3, "auto") == (3, 1 / 8)      # never more workers than runs
+    assert engine.plan(100, 5) == (5, 1 / 8)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=16 * 2**30))
+    assert engine.plan(100, "auto") == (12, 1 / 6)   # 16 GiB / 2.5 GiB
+    monkeypatch.setenv(engine.RUNS_PER_GPU_ENV, "1")
+    assert engine.plan(100, "auto") == (2, 1.0)
+    monkeypatch.setenv(engine.RUNS_PER_GPU_ENV, "many")
     with pytest.raises(PipelineError, match="XDBERT_RUNS_PER_GPU='many' must be a positive number, or auto"):
-        grid.plan_workers(100, "auto")
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    assert grid.plan_workers(100, 2) == (["cpu", "cpu"], 1)  # one-thread workers on a CPU
+        engine.plan(100, "auto")
+    resources.update(CPU=2, GPU=0)
+    assert engine.plan(100, "auto") == (2, 0.0) and engine.plan(100, 8) == (2, 0.0)  # one worker per CPU
 
 
 def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir):
@@ -217,6 +222,69 @@ def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir):
             np.testing.assert_array_equal(r["predictions"]["dev"], alone["predictions"]["dev"])
     with pytest.raises(PipelineError, match="no seeds"):
         grid.run_grid([(sst2, [0]), (stsb, [])], workers=2)
+
+
+def test_a_killed_worker_is_replaced_and_its_run_retried(bert_dir):
+    """A worker process killed mid-run (an OOM killer, a lost node): Ray starts another, the run is
+    trained again, and the grid ends with the results it would have had."""
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(get_task("sst2"), epochs=3))
+    expected = grid.run_seeds(job, [0, 1, 2, 3])
+    killed, done = [], threading.Event()
+
+    def kill_a_training_worker() -> None:
+        while not done.is_set() and not killed:
+            for proc in psutil.Process().children(recursive=True):
+                try:
+                    if proc.cmdline()[:1] == ["ray::Worker.train"]:
+                        os.kill(proc.pid, signal.SIGKILL)
+                        killed.append(proc.pid)
+                        break
+                except (psutil.Error, IndexError):
+                    continue
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_a_training_worker)
+    killer.start()
+    try:
+        (results,) = grid.run_grid([(job, [0, 1, 2, 3])], workers=2)
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "no worker was seen training"
+    assert [r["seed"] for r in results] == [0, 1, 2, 3]
+    for a, b in zip(expected, results):
+        assert a["predictions"]["dev"].tobytes() == b["predictions"]["dev"].tobytes() and a["metrics"] == b["metrics"]
+
+
+def test_a_two_node_cluster_puts_each_worker_on_its_own_gpu(bert_dir, monkeypatch):
+    """Two Ray nodes with one (pretend) GPU each, as `ray start` on two GPU machines would make: one run
+    per GPU gives two workers, each on its own node and GPU, and the grid's results are the usual ones."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    job = prepare("encoder", bert_dir, keyword_tables("sst2", 48, 16), settings(get_task("sst2"), epochs=1))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what each node's raylet sees; this machine has no GPU
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1})
+    cluster.add_node(num_cpus=1, num_gpus=1)
+    monkeypatch.setenv(engine.RUNS_PER_GPU_ENV, "1")
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    try:
+        assert engine.connect()  # RAY_ADDRESS: join the cluster, start nothing of our own
+        assert engine.plan(10, "auto") == (2, 1.0)
+        where = ray.get([w.where.remote() for w in engine.start_workers([job], 2, 1.0)])
+        assert len({w["node"] for w in where}) == 2 and all(len(w["gpus"]) == 1 for w in where)
+        (results,) = grid.run_grid([(job, [0, 1])])
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    for a, b in zip(grid.run_seeds(job, [0, 1]), results):
+        assert a["predictions"]["dev"].tobytes() == b["predictions"]["dev"].tobytes()
 
 
 def test_nan_loss_stops_with_pipeline_error(bert_dir, monkeypatch):
@@ -240,7 +308,7 @@ def test_nan_loss_stops_with_pipeline_error(bert_dir, monkeypatch):
 def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_path, monkeypatch):
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1))
-    uninterrupted = grid.run_seeds(job, [0, 1, 2], workers=1)  # no run_cache: nothing is saved
+    uninterrupted = grid.run_seeds(job, [0, 1, 2])  # no run_cache: nothing is saved
     job.run_cache = str(tmp_path / "finished")
     trained, kill = [], [True]
 
@@ -252,11 +320,11 @@ def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_
 
     monkeypatch.setattr(grid, "train_seed", killed_train_seed)
     with pytest.raises(KeyboardInterrupt):
-        grid.run_seeds(job, [0, 1, 2], workers=1)
+        grid.run_seeds(job, [0, 1, 2])
     assert sorted(p.name for p in (tmp_path / "finished").iterdir()) == sorted(
         f"{grid.run_key(job, seed, 'cpu')}.pt" for seed in (0, 1))
     kill[0] = False
-    resumed = grid.run_seeds(job, [0, 1, 2], workers=1)
+    resumed = grid.run_seeds(job, [0, 1, 2])
     assert trained == [0, 1, 2, 2]  # only the seed in flight is trained again
     assert [r["reused"] for r in resumed] == [True, True, False]
     for a, b in zip(uninterrupted, resumed):
@@ -264,7 +332,7 @@ def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_
         assert a["metrics"] == b["metrics"] and a["last_epoch_loss"] == b["last_epoch_loss"]
     # Other settings, another model or other data: the saved seeds do not count.
     job.hyperparameters = dataclasses.replace(job.hyperparameters, lr=1e-3)
-    grid.run_seeds(job, [0], workers=1)
+    grid.run_seeds(job, [0])
     assert trained[4:] == [0]
     changed = tmp_path / "changed"
     shutil.copytree(bert_dir, changed)
@@ -433,7 +501,7 @@ def test_paper_learning_rates_by_task_and_size():
 def test_results_have_medians_and_one_row_per_seed_split_example(bert_dir, tmp_path):
     spec = get_task("mnli")
     job = prepare("encoder", bert_dir, keyword_tables("mnli", 48, 20), settings(spec, epochs=1))
-    runs = grid.run_seeds(job, [0, 1, 2], workers=1)
+    runs = grid.run_seeds(job, [0, 1, 2])
     metrics = write_results(tmp_path / "out", job, runs, {"run": "tiny"})
     preds = pq.read_table(tmp_path / "out" / "predictions.parquet").to_pandas()
     assert len(preds) == 3 * 2 * 20 and set(preds["split"]) == {"dev_matched", "dev_mismatched"}
@@ -471,14 +539,15 @@ def workdir(tmp_path, bert_dir):
     os.symlink(bert_dir, tmp_path / "models" / "adapted" / "tiny")
     write_tasks({"sst2": keyword_tables("sst2", 48, 16), "stsb": keyword_tables("stsb", 32, 12)},
                 tmp_path / "data" / "tasks", "test")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"profile": "embedded", "finetune": FINETUNE_PARAMS}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"profile": "embedded", "tasks": {"names": ["sst2", "stsb"]},
+                                                         "finetune": FINETUNE_PARAMS}))
     return tmp_path
 
 
-def run_stage(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDBERT_FINETUNE_WORKERS": "2"}
-    return subprocess.run([sys.executable, str(ROOT / "stages" / "finetune.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+def run_stage(cwd: Path, workers: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDBERT_FINETUNE_WORKERS": str(workers)}
+    return subprocess.run([sys.executable, str(ROOT / "stages" / "finetune.py")], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 def run_stage_here(cwd: Path, args: tuple, monkeypatch, capsys) -> tuple[int, str]:
@@ -492,11 +561,17 @@ def run_stage_here(cwd: Path, args: tuple, monkeypatch, capsys) -> tuple[int, st
     return exit_info.value.code, capsys.readouterr().err
 
 
+def outputs(workdir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(workdir)): p.read_bytes() for p in (workdir / "results" / "finetune").rglob("*") if p.is_file()}
+
+
 def test_stage_writes_metrics_and_predictions(workdir):
+    """Every task's runs in one grid of 2 Ray workers; then the same stage with 1 worker and an empty run
+    cache writes the same bytes, and again with the cache trains nothing."""
     cache = workdir / "checkpoints" / "runs"
+    proc = run_stage(workdir, workers=2)
+    assert proc.returncode == 0, proc.stderr
     for task, n_dev in (("sst2", 16), ("stsb", 12)):
-        proc = run_stage(workdir, task)  # every seed in one process, a pool of 2 workers
-        assert proc.returncode == 0, proc.stderr
         out = workdir / "results" / "finetune" / task / "tiny"
         metrics = yaml.safe_load((out / "metrics.json").read_text())
         assert metrics["run"] == "tiny" and metrics["kind"] == "encoder" and metrics["n_seeds"] == 2
@@ -507,12 +582,15 @@ def test_stage_writes_metrics_and_predictions(workdir):
         assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "predictions.parquet"]
         assert f"finetune {task}: 0 of 2 runs reused from checkpoints/runs, 2 trained" in proc.stdout
     assert "finetune stsb tiny: median spearman" in proc.stdout
-    # every finished run is kept by what decided it: the same stage again trains nothing and writes the same bytes
-    assert len(list(cache.glob("*.pt"))) == 4
-    before = {p: p.read_bytes() for p in (workdir / "results" / "finetune").rglob("*") if p.is_file()}
-    again = run_stage(workdir, "stsb")
+    assert len(list(cache.glob("*.pt"))) == 4  # every finished run is kept by what decided it
+    two = outputs(workdir)
+    shutil.rmtree(cache)
+    alone = run_stage(workdir, workers=1)
+    assert alone.returncode == 0 and "finetune sst2: 0 of 2 runs reused" in alone.stdout, alone.stderr
+    assert outputs(workdir) == two  # the worker count is in no output byte
+    again = run_stage(workdir)
     assert again.returncode == 0 and "finetune stsb: 2 of 2 runs reused from checkpoints/runs, 0 trained" in again.stdout
-    assert {p: p.read_bytes() for p in before} == before
+    assert outputs(workdir) == two
 
 
 def test_runs_of_a_task_follow_the_tables():
@@ -549,33 +627,34 @@ def test_table3_protocol_of_the_paper_reruns_its_rows_at_one_rate_and_five_seeds
 
 
 @pytest.mark.parametrize("args, change, message", [
-    (("boolq",), None, "unknown task 'boolq'; allowed: rte, mrpc"),
-    (("sst2",), {"models": ["missing"]}, "model folder models/adapted/missing is missing"),
-    (("sst2",), {"seeds": []}, "`finetune.seeds` must be a non-empty list"),
-    (("sst2",), {"layer_lr_decay": 0}, "`finetune.layer_lr_decay` must be in (0, 1]"),
-    (("sst2",), {"compile": "yes"}, "`finetune.compile` must be true or false"),
-    (("mrpc",), None, "task mrpc lacks split file(s)"),
-    (("rte",), {"rte_seeds": []}, "`finetune.rte_seeds` must be a non-empty list"),
-    (("sst2",), {"lr": {"sst2": {"base": 1e-3}}}, "`finetune.lr.sst2.large` must be a positive number"),
-    (("sst2",), {"lr": {"rte": {"base": 1e-3, "large": 1e-3}}}, "`finetune.lr.sst2` must map base, large"),
-    (("sst2",), {"lr": {"sst2": 1e-3}}, "`finetune.lr.sst2` must map base, large (and optionally full"),
-    (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "full": 0}}}, "`finetune.lr.sst2.full` must be a positive number"),
-    (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "xl": 1e-3}}}, "`finetune.lr.sst2` has unknown keys ['xl']; allowed: base, large, full"),
-    (("sst2",), {"full_models": ["tiny"]}, "model folder models/crossmodal/tiny is missing"),
-    # every task's rates are checked in every task's stage, and the table names tasks only
-    (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3}, "rte": {"base": "fast", "large": 1e-3}}},
+    ((), {"names": ["boolq"]}, "unknown entry of `tasks.names` 'boolq'; allowed: rte, mrpc"),
+    ((), {"models": ["missing"]}, "model folder models/adapted/missing is missing"),
+    ((), {"seeds": []}, "`finetune.seeds` must be a non-empty list"),
+    ((), {"layer_lr_decay": 0}, "`finetune.layer_lr_decay` must be in (0, 1]"),
+    ((), {"compile": "yes"}, "`finetune.compile` must be true or false"),
+    ((), {"names": ["sst2", "mrpc"]}, "task mrpc lacks split file(s)"),
+    ((), {"names": ["rte"], "rte_seeds": []}, "`finetune.rte_seeds` must be a non-empty list"),
+    ((), {"lr": {"sst2": {"base": 1e-3}}}, "`finetune.lr.sst2.large` must be a positive number"),
+    ((), {"lr": {"rte": {"base": 1e-3, "large": 1e-3}}}, "`finetune.lr.sst2` must map base, large"),
+    ((), {"lr": {"sst2": 1e-3}}, "`finetune.lr.sst2` must map base, large (and optionally full"),
+    ((), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "full": 0}}}, "`finetune.lr.sst2.full` must be a positive number"),
+    ((), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "xl": 1e-3}}}, "`finetune.lr.sst2` has unknown keys ['xl']; allowed: base, large, full"),
+    ((), {"full_models": ["tiny"]}, "model folder models/crossmodal/tiny is missing"),
+    # every task's rates are checked, and the table names tasks only
+    ((), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3}, "rte": {"base": "fast", "large": 1e-3}}},
      "`finetune.lr.rte.base` must be a positive number; got 'fast'"),
-    (("sst2",), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3}, "rtee": {"base": 1e-3, "large": 1e-3}}},
+    ((), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3}, "rtee": {"base": 1e-3, "large": 1e-3}}},
      "unknown entry of `finetune.lr` 'rtee'; allowed: rte, mrpc"),
-    (("sst2",), {"ablation_tasks": ["boolq"]}, "unknown entry of `finetune.ablation_tasks` 'boolq'"),
-    (("sst2",), {"ablation_lr": 0}, "`finetune.ablation_lr` must be a positive number"),
-    (("sst2",), {"ablation_seeds": [1, 1]}, "`finetune.ablation_seeds` must list distinct integers"),
-    (("sst2", "extra"), None, "usage: python stages/finetune.py TASK"),
+    ((), {"ablation_tasks": ["boolq"]}, "unknown entry of `finetune.ablation_tasks` 'boolq'"),
+    ((), {"ablation_lr": 0}, "`finetune.ablation_lr` must be a positive number"),
+    ((), {"ablation_seeds": [1, 1]}, "`finetune.ablation_seeds` must list distinct integers"),
+    (("sst2",), None, "usage: python stages/finetune.py (it finetunes on every task"),
 ])
 def test_stage_rejects_bad_input_before_any_work(workdir, args, change, message, monkeypatch, capsys):
     if change:
         p = yaml.safe_load((workdir / "params.yaml").read_text())
-        p["finetune"].update(change)
+        p["finetune"].update({k: v for k, v in change.items() if k != "names"})
+        p["tasks"]["names"] = change.get("names", p["tasks"]["names"])
         (workdir / "params.yaml").write_text(yaml.safe_dump(p))
     code, err = run_stage_here(workdir, args, monkeypatch, capsys)
     assert code == 2, err
@@ -585,7 +664,7 @@ def test_stage_rejects_bad_input_before_any_work(workdir, args, change, message,
 
 def test_stage_fails_on_a_missing_split_file(workdir, monkeypatch, capsys):
     (workdir / "data" / "tasks" / "sst2" / "dev.parquet").unlink()
-    code, err = run_stage_here(workdir, ("sst2",), monkeypatch, capsys)
+    code, err = run_stage_here(workdir, (), monkeypatch, capsys)
     assert code == 2 and "data/tasks/sst2/dev.parquet" in err and "it needs train, dev" in err
     assert not (workdir / "results").exists()
 

@@ -5,7 +5,7 @@
 1. Builds the pipeline in a fresh git + DVC repository (DIR, default a temporary folder) with the micro
    profile and runs `dvc repro` once, uninterrupted: the reference. Every declared output of dvc.yaml
    (outs, metrics, plots) is hashed.
-2. Kills: for a stage (dual_tokenize, adapt@xdbert, finetune@rte, aggregate) and a random moment of its
+2. Kills: for a stage (dual_tokenize, adapt@xdbert, finetune, aggregate) and a random moment of its
    run (for the stages that checkpoint, every other kill comes shortly after a checkpoint is saved, in
    the middle of training), `dvc repro --force --single-item STAGE` runs in its own process group, which
    gets SIGKILL at that moment. Then every declared output must be absent or equal to the reference; the stage run again
@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from xdbert import paths, profiles  # noqa: E402
 
-KILL_STAGES = ("dual_tokenize", "adapt@xdbert", "finetune@rte", "aggregate")
-CHECKPOINTS = {"adapt@xdbert": "checkpoints/adapt/xdbert.pt", "finetune@rte": "checkpoints/runs/*.pt"}
+KILL_STAGES = ("dual_tokenize", "adapt@xdbert", "finetune", "aggregate")
+CHECKPOINTS = {"adapt@xdbert": "checkpoints/adapt/xdbert.pt", "finetune": "checkpoints/runs/*.pt"}
 # What a rerun that picked up the killed run's work prints: adaptation's checkpoint, or finetuning runs reused
 RESUMED = re.compile(r"resuming from|\b[1-9][0-9]* of [0-9]+ runs reused")
 SHORT_DAMAGE = ("truncated task parquet", "flipped byte in an Arrow shard", "missing shard manifest",
@@ -294,8 +294,8 @@ echo "$keep"
 
 
 DAMAGE = [  # name, path, how, the stage that reads it
-    ("truncated task parquet", "data/tasks/rte/train.parquet", "truncate", ["stages/finetune.py", "rte"]),
-    ("flipped byte in a task parquet", "data/tasks/mrpc/dev.parquet", "flip", ["stages/finetune.py", "mrpc"]),
+    ("truncated task parquet", "data/tasks/rte/train.parquet", "truncate", ["stages/finetune.py"]),
+    ("flipped byte in a task parquet", "data/tasks/mrpc/dev.parquet", "flip", ["stages/finetune.py"]),
     ("flipped byte in an Arrow shard", "data/shards/train/shard-00000.arrow", "flip", ["stages/adapt.py", "mlm"]),
     ("missing shard manifest", "data/shards/manifest.json", "delete", ["stages/adapt.py", "mlm"]),
     ("edited adapt checkpoint", "checkpoints/adapt/xdbert.pt", "flip", ["stages/adapt.py", "xdbert"]),
@@ -303,7 +303,7 @@ DAMAGE = [  # name, path, how, the stage that reads it
     ("truncated corpus", "data/corpus/train.parquet", "truncate", ["stages/dual_tokenize.py"]),
     ("missing tokenizer", "models/tokenizer/tokenizer.json", "delete", ["stages/adapt.py", "mlm"]),
     ("invalid encoder config", "models/pretrain_encoder/config.json", "garbage", ["stages/adapt.py", "mlm"]),
-    ("truncated adapted weights", "models/adapted/mlm/model.safetensors", "truncate", ["stages/finetune.py", "rte"]),
+    ("truncated adapted weights", "models/adapted/mlm/model.safetensors", "truncate", ["stages/finetune.py"]),
     ("invalid adaptation metrics", "metrics/adapt/mlm_match.json", "garbage", ["stages/aggregate.py"]),
     ("truncated predictions", "results/finetune/rte/mlm/predictions.parquet", "truncate", ["stages/aggregate.py"]),
     ("invalid params.yaml", "params.yaml", "garbage", ["stages/aggregate.py"]),
@@ -345,7 +345,7 @@ def main() -> None:
     (repo / "checkpoints").exists() and shutil.rmtree(repo / "checkpoints")
     c.disk_full([py, "stages/aggregate.py"], "reports")
     if not args.short:
-        c.disk_full([py, "stages/finetune.py", "rte"], "results/finetune")
+        c.disk_full([py, "stages/finetune.py"], "results/finetune")
     final = c.differences(allow_absent=False)
     if final:
         print(f"after the campaign the outputs differ from the reference: {final}")

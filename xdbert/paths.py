@@ -26,7 +26,7 @@ ADAPTED = Path("models/adapted")          # /<variant>: the language encoder alo
 CROSSMODAL = Path("models/crossmodal")    # /<variant>: the whole cross-modal model
 ADAPT_METRICS = Path("metrics/adapt")     # /<variant>.json
 ADAPT_PLOTS = Path("dvclive/adapt")       # /<variant>
-# stage `finetune@<task>`
+# stage `finetune`
 FINETUNE = Path("results/finetune")       # /<task>/<run>
 # stage `aggregate`
 REPORTS = Path("reports")

@@ -10,6 +10,7 @@ Read in this order:
     rates.py     AdamW groups with the optional layer-wise learning-rate decay
     job.py       `prepare`: one (model, task) tokenized once, picklable for the workers
     loop.py      `train_seed`: one seed, trained and evaluated on every dev split
-    grid.py      `run_grid`: every (job, seed) of a task in one pool; a killed grid resumes
+    engine.py    the grid's Ray workers: a local instance, or the cluster of RAY_ADDRESS
+    grid.py      `run_grid`: every (job, seed) of the study at once; finished runs kept, a killed grid resumes
     results.py   per-seed metrics, medians over seeds, per-example predictions
 """

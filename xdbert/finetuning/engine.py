@@ -1,0 +1,150 @@
+"""The grid's engine: Ray Core, the same code on a laptop, a GPU machine and a cluster.
+
+`ray.init()` starts a local Ray instance when no cluster is named, and joins the cluster `RAY_ADDRESS`
+names (Ray's own variable) when it is set. Each worker is an actor, a long-lived process: imports, the
+CUDA context and compiled graphs are paid once per worker, not once per run. A worker holds the
+tokenized jobs, trains one run at a time and returns its result; only the stage's process writes.
+
+Ray places the workers: a worker asks for one CPU, and on GPUs for 1/`XDBERT_RUNS_PER_GPU` of one, so
+Ray packs that many on each GPU and pins each to its GPU (inside a worker the device is `cuda`, never
+`cuda:i`). A worker that dies is started again and its run retried, at most `RETRIES` times.
+
+How many workers ran, and where, is the machine's business: it is no param, appears in no output, and
+a run's result does not depend on it (each CPU run computes with a fixed number of threads).
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import ray
+import torch
+from ray.util import ActorPool
+
+from xdbert import training
+from xdbert.errors import PipelineError
+from xdbert.finetuning.loop import train_seed
+from xdbert.numerics import FINETUNING_THREADS
+
+# How many runs go at once: environment variables, never params.
+WORKERS_ENV = "XDBERT_FINETUNE_WORKERS"
+# Runs sharing one GPU. A base-model run at GLUE lengths leaves an H100 or H200 mostly idle: on an H200,
+# 4 compiled runs sharing it gave 3.26x the tokens/s of one, 8 gave 3.64x, each needing under 2 GiB
+# (bench/results/h200). `auto` takes 8 where the GPU's memory holds 8 runs of GIB_PER_RUN.
+RUNS_PER_GPU_ENV = "XDBERT_RUNS_PER_GPU"
+MAX_RUNS_PER_GPU = 8
+GIB_PER_RUN = 2.5  # the measured 1.9 GiB of a BERT-base run, with room for longer batches
+# `auto` on a cluster whose GPUs this machine cannot see: 4 runs of GIB_PER_RUN fit a 16 GiB V100 or T4
+REMOTE_RUNS_PER_GPU = 4
+RETRIES = 3  # a worker that dies is restarted, and its run retried, this many times
+
+
+def _count_from_env(name: str, auto: str) -> int | str:
+    value = os.environ.get(name, "auto").strip()
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise PipelineError(f"{name}={value!r} must be a positive number, or auto ({auto})")
+    return int(value)
+
+
+def workers_from_env() -> int | str:
+    """`XDBERT_FINETUNE_WORKERS`: a positive number, or `auto` (the default): every GPU's share of runs,
+    or one worker per CPU of the Ray cluster."""
+    return _count_from_env(WORKERS_ENV, "every GPU's runs, or one worker per CPU")
+
+
+def runs_per_gpu() -> int:
+    """`XDBERT_RUNS_PER_GPU`, or for `auto` as many runs as this machine's first GPU holds, at most 8 (a
+    cluster's GPUs that this machine cannot see: 4)."""
+    chosen = _count_from_env(RUNS_PER_GPU_ENV, f"up to {MAX_RUNS_PER_GPU}, as the GPU's memory allows")
+    if chosen != "auto":
+        return chosen
+    if not torch.cuda.is_available():
+        return REMOTE_RUNS_PER_GPU
+    gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return max(1, min(MAX_RUNS_PER_GPU, int(gib // GIB_PER_RUN)))
+
+
+def connect() -> bool:
+    """Join the Ray cluster of `RAY_ADDRESS`, or start a local instance sized to this machine.
+    True when this call started Ray (so the caller shuts it down)."""
+    if ray.is_initialized():
+        return False
+    quiet = {"include_dashboard": False, "logging_level": "ERROR", "configure_logging": True}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(**quiet)  # ray.init reads RAY_ADDRESS itself
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        ray.init(num_cpus=cores, num_gpus=torch.cuda.device_count(), **quiet)
+    return True
+
+
+def disconnect() -> None:
+    ray.shutdown()
+
+
+def plan(n_runs: int, workers: int | str) -> tuple[int, float]:
+    """(number of workers, GPUs each asks for: 0 on a CPU cluster), from the cluster's resources."""
+    resources = ray.cluster_resources()
+    gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 1))
+    if gpus:
+        share = runs_per_gpu()
+        slots, gpu_each = gpus * share, 1.0 / share
+    else:
+        slots, gpu_each = cpus, 0.0
+    n = slots if workers == "auto" else min(int(workers), slots)  # more would wait for resources forever
+    return max(1, min(n, n_runs)), gpu_each
+
+
+@ray.remote
+class Worker:
+    """One long-lived worker: the jobs, its device, and `train` for one run at a time."""
+
+    def __init__(self, jobs: list) -> None:
+        self.jobs = jobs
+        gpu = torch.cuda.is_available() and bool(ray.get_gpu_ids())
+        self.device = "cuda" if gpu else "cpu"  # Ray made the worker's GPU the only one it sees
+        if not gpu:
+            torch.set_num_threads(FINETUNING_THREADS)  # a run's bytes must not depend on the machine
+
+    def where(self) -> dict:
+        """Where this worker runs: its node, the GPUs Ray gave it, the device name in its results."""
+        return {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
+                "device": training.device_name(self.device), "pid": os.getpid()}
+
+    def train(self, index: int, seed: int) -> tuple[int, int, dict]:
+        job = self.jobs[index]
+        if not os.path.exists(job.model_path):
+            raise PipelineError(f"{job.model_path} is not on the node {ray.get_runtime_context().get_node_id()}: "
+                                "the workers of a cluster read the models from a filesystem every node sees")
+        return index, seed, train_seed(job, seed, self.device)
+
+
+def start_workers(jobs: list, n: int, gpu_each: float) -> list:
+    """`n` workers holding `jobs` (put in Ray's object store once, shared by all)."""
+    shared = ray.put(jobs)
+    options = {"num_cpus": 1, "num_gpus": gpu_each, "max_restarts": RETRIES, "max_task_retries": RETRIES}
+    return [Worker.options(**options).remote(shared) for _ in range(n)]
+
+
+def devices(workers: list) -> set[str]:
+    """The device names the workers' results will carry (`training.device_name`)."""
+    return {w["device"] for w in ray.get([worker.where.remote() for worker in workers])}
+
+
+def results(workers: list, runs: list[tuple[int, int]]) -> Iterator[tuple[int, int, dict]]:
+    """(job index, seed, result) of every run as it finishes; a free worker takes the next run in order."""
+    pool = ActorPool(workers)
+    for run in runs:
+        pool.submit(lambda worker, r: worker.train.remote(*r), run)
+    while pool.has_next():
+        try:
+            yield pool.get_next_unordered()
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, PipelineError):
+                raise PipelineError(str(e.cause)) from None
+            raise
+        except ray.exceptions.RayActorError as e:
+            raise PipelineError(f"a finetuning worker died {RETRIES + 1} times ({type(e).__name__}); the runs that "
+                                "finished are kept: rerun the stage to train the rest") from e
