@@ -49,9 +49,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def stage_commands() -> dict[str, list[str]]:
-    """Every stage of dvc.yaml with the script and arguments of its command, in the order DVC runs them."""
-    dry = subprocess.run(["dvc", "repro", "--dry", "--force"], cwd=ROOT, capture_output=True, text=True, check=True)
+def stage_commands(repo: Path = ROOT) -> dict[str, list[str]]:
+    """Every stage of `repo`'s dvc.yaml with the script and arguments of its command, in the order DVC runs them."""
+    dry = subprocess.run(["dvc", "repro", "--dry", "--force"], cwd=repo, capture_output=True, text=True, check=True)
     commands, stage = {}, None
     for line in dry.stdout.splitlines():
         if line.startswith("Running stage '"):
