@@ -20,7 +20,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pandas as pd
 
@@ -28,6 +28,9 @@ from xdbert import params as P
 from xdbert.data import provided
 from xdbert.errors import PipelineError
 from xdbert.fetch import Asset, hub_assets
+
+if TYPE_CHECKING:
+    import datasets
 
 SIZES = ("tiny", "paper")
 # What --sizes tiny changes in an encoder's config: its shape only (ids, vocabulary, positions stay real).
