@@ -8,6 +8,7 @@ from pathlib import Path
 import datasets
 import huggingface_hub.constants
 import pytest
+import torch
 from huggingface_hub.file_download import repo_folder_name
 from typer.testing import CliRunner
 
@@ -69,6 +70,8 @@ def test_encoders_load_with_real_vocabulary_and_tiny_shapes(offline):
     assert load_pretrained_mlm_head("bert-base-uncased", head)  # BERT's MLM head, from the pretraining checkpoint
     electra = build_language_encoder("google/electra-base-discriminator")
     assert electra.config.model_type == "electra" and electra.config.hidden_size == TINY["hidden_size"]
+    # random, but not the same random weights: Table 2 compares the two
+    assert not torch.equal(bert.get_input_embeddings().weight, electra.get_input_embeddings().weight)
     assert len(load_encoder_tokenizer("google/electra-base-discriminator")) == 30522
 
 
