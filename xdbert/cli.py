@@ -73,6 +73,34 @@ def fetch(params_file: Path = typer.Argument(Path("params.yaml"), help="the para
         raise typer.Exit(2)
 
 
+def _rehearse_help() -> str:
+    from xdbert.rehearse import OVERRIDES
+
+    keys = "; ".join(f"{k} = {v}" for k, v in OVERRIDES.items())
+    return ("Run the untouched paper profile end to end, offline, against a local mirror of its hub assets: OUT "
+            "becomes a git clone of this checkout with the real model ids, configs and vocabularies (random "
+            "weights), small dataset slices in their real schemas, and the hand-provided inputs, then `dvc repro` "
+            "runs there. Only these counts differ from the paper profile: " + keys + ".")
+
+
+@app.command(help=_rehearse_help())
+def rehearse(out: Path = typer.Option(..., "--out", help="a new folder: the clone, its hub cache (.hf/) and the run"),
+             sizes: str = typer.Option("tiny", help="tiny: the real architectures shrunk to 2 layers of width 64 "
+                                                    "under the same ids; paper: their real sizes"),
+             repro: bool = typer.Option(True, help="run `dvc repro` after building the mirror")) -> None:
+    from xdbert.rehearse import rehearse as run_rehearsal
+
+    try:
+        reports = run_rehearsal(out, sizes, repro, say=typer.echo)
+    except PipelineError as e:
+        typer.echo("error: " + " ".join(str(e).split()), err=True)
+        raise typer.Exit(2)
+    if repro:
+        typer.echo(f"reports in {out / 'reports'}:")
+        for path in reports:
+            typer.echo(f"  {path}")
+
+
 @app.command()
 def version() -> None:
     """Print the package version."""

