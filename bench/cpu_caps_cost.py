@@ -12,7 +12,7 @@ is code, not environment). The stages' outputs must be in place (`dvc repro` onc
 (from `dvc repro --dry --force`), so the sum is the study's compute without DVC's hashing, which is the
 same in both modes.
 
-    python bench/cpu_caps_cost.py [--rounds 2] [--stages all|adapt@xdbert,finetune,pretrain_encoder]
+    python bench/cpu_caps_cost.py [--rounds 2] [--stages all|adapt@bert,finetune,pretrain_encoder@bert]
 
 Writes bench/results/cpu_caps_cost.md and .json (cpu_caps_cost_repro.* for `--stages all`).
 """
@@ -75,7 +75,7 @@ def run_stage(work: Path, mode: str, argv: list[str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--stages", default="adapt@xdbert,finetune,pretrain_encoder")
+    ap.add_argument("--stages", default="adapt@bert,finetune,pretrain_encoder@bert")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     commands = stage_commands()

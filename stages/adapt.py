@@ -1,8 +1,13 @@
-"""Stage `adapt@<variant>` (and `adapt_baseline`): train the cross-modal ensemble on the token shards.
+"""Stages `adapt@<family>`, `adapt_baseline@<family>` and `ablate@<variant>`: train the cross-modal ensemble
+of one encoder family on the token shards.
 
-Writes models/adapted/<variant> (the language encoder alone, a plain `save_pretrained` folder),
-models/crossmodal/<variant> (the whole cross-modal model) and metrics/adapt/<variant>.json.
-Checkpoints go to checkpoints/adapt/<variant>.pt, outside DVC's outputs, so a killed run resumes.
+    python stages/adapt.py FAMILY VARIANT
+
+VARIANT is `xdbert` (the proposed setting, every family), `baseline` (MLM only, every family) or a key of
+`adapt.variants` (Table 3's ablations, on `adapt.family` only). Writes models/adapted/<family>/<variant>
+(the language encoder alone, a plain `save_pretrained` folder), models/crossmodal/<family>/<variant> (the
+whole cross-modal model) and metrics/adapt/<family>/<variant>.json. Checkpoints go to
+checkpoints/adapt/<family>/<variant>.pt, outside DVC's outputs, so a killed run resumes.
 On a machine with several GPUs it runs once per GPU (xdbert.adaptation.launch); the main process
 alone writes the outputs and removes the checkpoint.
 """
@@ -13,17 +18,23 @@ import sys
 from xdbert import io, params, paths, runlog
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.errors import PipelineError
-from xdbert.model.settings import ModelSettings
+from xdbert.model.settings import ModelSettings, ablation_family
 from xdbert.stage import run
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        raise PipelineError("usage: python stages/adapt.py VARIANT (a key of adapt.variants, or `baseline`)")
-    variant = sys.argv[1]
+    if len(sys.argv) != 3:
+        raise PipelineError("usage: python stages/adapt.py FAMILY VARIANT (a key of `families`; xdbert, baseline or a "
+                            "key of adapt.variants)")
+    family, variant = sys.argv[1:]
     p = params.load()
+    model = ModelSettings.from_params(p, family)
     settings = AdaptSettings.from_params(p, variant)
-    model = ModelSettings.from_params(p)
+    if variant not in (params.PROPOSED, params.BASELINE) and family != ablation_family(p).name:
+        raise PipelineError(f"the ablation variant {variant!r} is adapted on `adapt.family` ({ablation_family(p).name}) "
+                            f"only; family {family!r} has {params.PROPOSED} and {params.BASELINE}")
+    name = f"{family}/{variant}"
+    stage = {params.PROPOSED: f"adapt@{family}", params.BASELINE: f"adapt_baseline@{family}"}.get(variant, f"ablate@{variant}")
 
     # Heavy imports after the params are known to be good: a typo fails in a second.
     import torch
@@ -32,7 +43,7 @@ def main() -> None:
 
     command = launch_command(sys.argv, torch.cuda.device_count())
     if command:
-        print(f"adapt@{variant}: one process per GPU: {' '.join(command)}", flush=True)
+        print(f"{stage}: one process per GPU: {' '.join(command)}", flush=True)
         raise SystemExit(subprocess.call(command))
 
     from accelerate import PartialState
@@ -42,11 +53,13 @@ def main() -> None:
     from xdbert.adaptation.loop import BatchMaker, adapt
     from xdbert.clip import clip_special_ids
     from xdbert.data import shards
+    from xdbert.data.tokenization.vocab import check_shared_vocabulary
     from xdbert.model.build import build_xdbert
     from xdbert.model.saving import save_adapted, save_full
 
     manifest = shards.read_manifest(paths.SHARDS)
     shards.check_matches(manifest, tokenizer_dir=paths.TOKENIZER, clip_name=model.clip)
+    check_shared_vocabulary(model.encoder, family, paths.TOKENIZER)
     # verify: a flipped byte inside a shard still reads as Arrow; only its sha256 tells
     train, valid = (shards.open_shards(paths.SHARDS, split, verify=True) for split in ("train", "valid"))
     tok = AutoTokenizer.from_pretrained(str(paths.TOKENIZER))
@@ -56,7 +69,7 @@ def main() -> None:
                           splits=(train, valid))
     make_batch = BatchMaker(settings, manifest["n_blocks"], vocab_size=len(tok), special_ids=tok.all_special_ids,
                             mask_id=tok.mask_token_id, eot_id=eot)
-    checkpoint = paths.CHECKPOINTS / "adapt" / f"{variant}.pt"
+    checkpoint = paths.CHECKPOINTS / "adapt" / family / f"{variant}.pt"
     # The plots (a DVC output) are written aside and renamed when training ends: a run that fails
     # (a damaged checkpoint, a full disk) leaves the last complete plots, and a resumed run replays its
     # earlier steps into them (xdbert.adaptation.loop).
@@ -65,7 +78,7 @@ def main() -> None:
     with contextlib.ExitStack() as outputs:
         live = None
         if main_process:
-            plots = outputs.enter_context(io.atomic_path(paths.ADAPT_PLOTS / variant, is_dir=True))
+            plots = outputs.enter_context(io.atomic_path(paths.ADAPT_PLOTS / name, is_dir=True))
             live = outputs.enter_context(Live(dir=str(plots), save_dvc_exp=False, dvcyaml=None))
 
         def log(metrics: dict, step: int) -> None:
@@ -76,13 +89,14 @@ def main() -> None:
     if not main_process:
         return
 
-    save_adapted(xdbert, paths.adapted(variant), tokenizer_dir=paths.TOKENIZER)
-    if variant != "baseline":
-        save_full(xdbert, paths.crossmodal(variant))
-    runlog.write_metrics(paths.ADAPT_METRICS / f"{variant}.json", {"variant": variant, "profile": p["profile"], **metrics},
-                         f"adapt@{variant}")
+    save_adapted(xdbert, paths.adapted(family, variant), tokenizer_dir=paths.TOKENIZER)
+    if variant != params.BASELINE:
+        save_full(xdbert, paths.crossmodal(family, variant))
+    runlog.write_metrics(paths.ADAPT_METRICS / family / f"{variant}.json",
+                         {"family": family, "variant": variant, "encoder": model.encoder, "profile": p["profile"],
+                          "mlm_head": xdbert.mlm_head_source, **metrics}, stage)
     checkpoint.unlink(missing_ok=True)  # the outputs are complete; the checkpoint has done its job
-    print(f"adapt@{variant}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("valid_")))
+    print(f"{stage}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("valid_")))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Stage `aggregate`: medians over seeds into reports/table1.md, table3.md and table8.md.
 
 Reads every finetune run's dev predictions (results/finetune/<task>/<run>/predictions.parquet; runs are
-the encoder names, `full_<variant>` for the whole cross-modal model and `clip_t` for CLIP's tower alone),
-and for Table 3 each variant's adaptation metrics (metrics/adapt/<variant>.json).
+`<family>/<model>` for the adapted encoders, `<family>/full_<model>` for a family's whole cross-modal model
+and `clip_t` for CLIP's tower alone) and the adaptation metrics (metrics/adapt/<family>/<variant>.json):
+Table 3's variants of `adapt.family`, and the MLM head each family's `xdbert` adaptation started from.
+Tables 1 and 8 have rows for every family of `families`, each Δ against that family's own baseline.
 """
 from xdbert import io, params, paths
 from xdbert.stage import run

@@ -1,7 +1,7 @@
 """Stage `attention`: paper Table 9 (cross-attention maps) and a per-head alignment table.
 
     params: attention.{variants, task, index, max_len, clip_blocks_per_sentence, windows, batch_size}
-    deps:   models/crossmodal/<variant>, models/tokenizer, data/tasks, data/shards
+    deps:   models/crossmodal/<adapt.family>/<variant>, models/tokenizer, data/tasks, data/shards
     outs:   reports/attention/ (PNGs), reports/attention.md, results/attention.json
 
 Heatmaps: one dev example (`task`, `index` = its idx) through each full cross-modal model, language
@@ -48,7 +48,7 @@ def main() -> None:
     with io.atomic_path(ATTENTION, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
         for variant in s.variants:
-            model = load_full(crossmodal(variant), device).eval()
+            model = load_full(crossmodal(s.family, variant), device).eval()
             cfg = model.config
             if cfg.placeholder:
                 raise PipelineError(f"variant `{variant}` replaces CLIP by a placeholder: it has no CLIP tokens to attend to")

@@ -2,9 +2,9 @@
 
     python stages/finetune.py
 
-Every run of every task (`xdbert.finetuning.runs`) is submitted at once to the grid's Ray workers
+Every run of every family and task (`xdbert.finetuning.runs`) is submitted at once to the grid's Ray workers
 (xdbert.finetuning.grid), so a machine's cores and GPUs, or a cluster's, are all kept busy. Results:
-results/finetune/<task>/<run>/{metrics.json,predictions.parquet}, the folder written atomically. Every
+results/finetune/<task>/<family>/<run>/{metrics.json,predictions.parquet} (CLIP-T: <task>/clip_t), the folder written atomically. Every
 finished run is also kept in checkpoints/runs/ under a key of what decided it: a rerun of the stage, after
 a kill or after one model, task or setting changed, trains only the runs whose key is new.
 """
@@ -18,14 +18,16 @@ from xdbert.stage import run
 def main() -> None:
     if len(sys.argv) != 1:
         raise PipelineError("usage: python stages/finetune.py (it finetunes on every task of `tasks.names`)")
-    from xdbert.data.tasks.registry import TASK_NAMES, get_task
+    from xdbert.data.tasks.registry import get_task, task_names
     from xdbert.finetuning import data as fd
     from xdbert.finetuning.runs import check_model_folders
     from xdbert.finetuning.settings import FinetuneSettings
+    from xdbert.model.settings import families
 
     p = params.load()
+    study_families = families(p)
     plan = []
-    for name in params.subset(params.get(params.section(p, "tasks"), "names", "tasks"), "tasks.names", TASK_NAMES):
+    for name in task_names(p):
         task = get_task(name)
         settings = FinetuneSettings.from_params(p, task)
         runs = settings.study.runs(task.name)
@@ -44,7 +46,8 @@ def main() -> None:
     for task, settings, runs in plan:
         tables = fd.read_task(paths.TASKS, task)
         jobs.append([prepare(r.model_kind, r.model_dir, tables, settings, tokenizer_dir=paths.TOKENIZER,
-                             run_cache=paths.RUN_CACHE, protocol=r.protocol) for r in runs])
+                             run_cache=paths.RUN_CACHE, protocol=r.protocol, family=study_families.get(r.family))
+                     for r in runs])
     work = [(job, settings.seeds_of(r)) for (_, settings, runs), task_jobs in zip(plan, jobs)
             for r, job in zip(runs, task_jobs)]
     flat = iter(run_grid(work, workers))
@@ -55,7 +58,7 @@ def main() -> None:
             task_results = [next(flat) for _ in runs]
             for r, job, results in zip(runs, task_jobs, task_results):
                 metrics = write_results(tmp / task.name / r.name, job, results, {
-                    "run": r.name, "model": r.model, "model_path": job.model_path, "profile": p["profile"],
+                    "run": r.name, "family": r.family, "model": r.model, "model_path": job.model_path, "profile": p["profile"],
                     "seeds_list": settings.seeds_of(r), "protocol": r.protocol, "lr_table": settings.lr,
                 })
                 print(f"finetune {task.name} {r.name}: median {task.metric} {metrics['headline']} over {len(results)} seeds")

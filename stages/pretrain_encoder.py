@@ -1,24 +1,31 @@
-"""Stage `pretrain_encoder`: the embedded profile's stand-in for a pretrained language encoder.
+"""Stage `pretrain_encoder@<family>`: the embedded profile's stand-in for a family's pretrained encoder.
 
-    params: model, pretrain
+    python stages/pretrain_encoder.py FAMILY
+    params: model, families.<family>, pretrain
     deps:   data/corpus (train sentences), models/tokenizer
-    outs:   models/pretrain_encoder (a `...ForMaskedLM` save_pretrained folder with its tokenizer),
-            metrics/pretrain_encoder.json
+    outs:   models/pretrain_encoder/<family> (a `...ForMaskedLM` save_pretrained folder with its tokenizer),
+            metrics/pretrain_encoder/<family>.json
 
-A `random:<type>` encoder is built from `model.encoder_config` (seed `model.seed`) and trained with MLM on
-restated sentence pairs (xdbert/adaptation/pretraining.py); adaptation, the baseline, CLIP-T and PWCCA then
+A `random:<type>` encoder is built from the family's encoder config (seed `model.seed`) and trained with
+MLM on restated sentence pairs (xdbert/adaptation/pretraining.py); the family's adaptations and PWCCA then
 start from it. A hub encoder (the paper profile) is already pretrained: the folder only records that it is
-used as downloaded. Checkpoints go to checkpoints/pretrain_encoder.pt, so a killed run resumes.
+used as downloaded. Checkpoints go to checkpoints/pretrain_encoder/<family>.pt, so a killed run resumes.
 """
+import sys
+
 from xdbert import io, params, paths, runlog
 from xdbert.adaptation.settings import PretrainSettings
+from xdbert.errors import PipelineError
 from xdbert.model.settings import ModelSettings
 from xdbert.stage import run
 
 
 def main() -> None:
+    if len(sys.argv) != 2:
+        raise PipelineError("usage: python stages/pretrain_encoder.py FAMILY (a key of `families`)")
+    family = sys.argv[1]
     p = params.load()
-    model = ModelSettings.from_params(p)
+    model = ModelSettings.from_params(p, family)
     settings = PretrainSettings.from_params(p)
 
     # Heavy imports after the params are known to be good: a typo fails in a second.
@@ -28,17 +35,17 @@ def main() -> None:
     from xdbert.adaptation import pretraining
     from xdbert.model.encoders import RANDOM_PREFIX, build_masked_lm
 
-    out = paths.PRETRAIN_ENCODER
+    out, metrics_file = paths.pretrain_encoder(family), paths.PRETRAIN_ENCODER_METRICS / f"{family}.json"
     if not model.encoder.startswith(RANDOM_PREFIX):
         with io.atomic_path(out, is_dir=True) as tmp:
             tmp.mkdir(parents=True, exist_ok=True)
             (tmp / "README.md").write_text(f"`model.encoder: {model.encoder}` is pretrained already: stages load it as downloaded.\n")
-        runlog.write_metrics(paths.PRETRAIN_ENCODER_METRICS, {"profile": p["profile"], "encoder": model.encoder, "steps": 0},
-                             "pretrain_encoder")
-        print(f"pretrain_encoder: {model.encoder} is used as downloaded")
+        runlog.write_metrics(metrics_file, {"profile": p["profile"], "family": family, "encoder": model.encoder, "steps": 0},
+                             f"pretrain_encoder@{family}")
+        print(f"pretrain_encoder@{family}: {model.encoder} is used as downloaded")
         return
 
-    checkpoint = paths.CHECKPOINTS / "pretrain_encoder.pt"
+    checkpoint = paths.CHECKPOINTS / "pretrain_encoder" / f"{family}.pt"
     tokenizer = AutoTokenizer.from_pretrained(str(paths.TOKENIZER))
     sentences = pretraining.corpus_sentences(paths.CORPUS)
     torch.manual_seed(model.seed)
@@ -49,10 +56,10 @@ def main() -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         mlm.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    runlog.write_metrics(paths.PRETRAIN_ENCODER_METRICS, {"profile": p["profile"], "encoder": model.encoder,
-                                                          "sentences": len(sentences), **metrics}, "pretrain_encoder")
+    runlog.write_metrics(metrics_file, {"profile": p["profile"], "family": family, "encoder": model.encoder,
+                                        "sentences": len(sentences), **metrics}, f"pretrain_encoder@{family}")
     checkpoint.unlink(missing_ok=True)  # the output is complete; the checkpoint has done its job
-    print(f"pretrain_encoder: {metrics['steps']} steps, MLM accuracy {metrics['first_mlm_accuracy']:.3f} -> "
+    print(f"pretrain_encoder@{family}: {metrics['steps']} steps, MLM accuracy {metrics['first_mlm_accuracy']:.3f} -> "
           f"{metrics['last_mlm_accuracy']:.3f} -> {out}")
 
 

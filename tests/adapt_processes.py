@@ -1,4 +1,4 @@
-"""Runs `stages/adapt.py VARIANT` for each VARIANT in this process, in the folder ROOT/rank<RANK>/VARIANT.
+"""Runs `stages/adapt.py bert VARIANT` for each VARIANT in this process, in the folder ROOT/rank<RANK>/VARIANT.
 
     python tests/adapt_processes.py ROOT VARIANT [VARIANT ...]
 
@@ -15,5 +15,5 @@ STAGE = Path(__file__).resolve().parents[1] / "stages" / "adapt.py"
 root = Path(sys.argv[1]) / f"rank{os.environ.get('RANK', '0')}"
 for variant in sys.argv[2:]:
     os.chdir(root / variant)
-    sys.argv = ["stages/adapt.py", variant]
+    sys.argv = ["stages/adapt.py", "bert", variant]
     runpy.run_path(str(STAGE), run_name="__main__")

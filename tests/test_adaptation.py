@@ -54,8 +54,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """A folder as the corpus, dual_tokenize, pretrain_encoder and pretrain_clip stages leave it: data/corpus,
-    data/shards, models/tokenizer, models/pretrain_encoder and models/pretrain_clip (a random tiny BERT
+    """A folder as the corpus, dual_tokenize, pretrain_encoder@bert and pretrain_clip stages leave it: data/corpus,
+    data/shards, models/tokenizer, models/pretrain_encoder/bert and models/pretrain_clip (a random tiny BERT
     and a random CLIP tower: these tests do not need them trained)."""
     root = tmp_path_factory.mktemp("repo")
     write_corpus(generate_corpus(6, 12, seed=0), root / "data" / "corpus")
@@ -66,7 +66,7 @@ def repo(tmp_path_factory) -> Path:
                   settings=settings, positions=TINY_BERT["max_position_embeddings"])
     vocab_size = len(AutoTokenizer.from_pretrained(str(root / "models" / "tokenizer")))
     torch.manual_seed(0)
-    build_masked_lm("random:bert", TINY_BERT, vocab_size).save_pretrained(root / "models" / "pretrain_encoder")
+    build_masked_lm("random:bert", TINY_BERT, vocab_size).save_pretrained(root / "models" / "pretrain_encoder" / "bert")
     save_clip_tower(CLIPTextTower.build(CLIP), root / "models" / "pretrain_clip", CLIP)
     return root
 
@@ -393,9 +393,16 @@ def set_key(params: dict, dotted: str, value) -> None:
 TINY_MODEL = {"model.encoder": "random:bert", "model.encoder_config": dict(TINY_BERT), "model.clip": CLIP,
               "model.clip_pretrained": ""}
 
-# name: (variant, changes to params.yaml, a different tokenizer in models/tokenizer, words the error names)
+TWO_FAMILIES = {"families.electra": {"label": "ELECTRA-tiny", "encoder": "random:electra", "size": "base", "layer_lr_decay": 0.8}}
+
+# name: (variant or family/variant (family bert by default), changes to params.yaml, a different tokenizer in
+# models/tokenizer, words the error names)
 ERRORS = {
-    "unknown_variant": ("nope", {}, False, ["`adapt.variants` entry 'nope'", "allowed: xdbert", "baseline"]),
+    "unknown_variant": ("nope", {}, False, ["unknown adaptation variant 'nope'", "allowed: xdbert, baseline, mlm_match"]),
+    "unknown_family": ("roberta/xdbert", {}, False, ["unknown family 'roberta'", "(`families`): bert"]),
+    "ablation_of_another_family": ("electra/mlm", TWO_FAMILIES, False,
+                                   ["ablation variant 'mlm' is adapted on `adapt.family` (bert) only", "xdbert and baseline"]),
+    "bad_family_decay": ("xdbert", {"families.bert.layer_lr_decay": 0}, False, ["`families.bert.layer_lr_decay` must be in (0, 1]"]),
     "empty_losses": ("xdbert", {"adapt.losses": []}, False, ["`adapt.losses` is empty", "mlm, match, cliptc"]),
     "unknown_loss": ("xdbert", {"adapt.losses": ["mlm", "itm"]}, False, ["`adapt.losses`", "'itm'", "allowed: mlm, match, cliptc"]),
     "zero_epochs": ("xdbert", {"adapt.epochs": 0}, False, ["`adapt.epochs` must be a positive integer; got 0"]),
@@ -416,9 +423,14 @@ ERRORS = {
 }
 
 
+def stage_args(variant: str) -> list[str]:
+    """`python stages/adapt.py FAMILY VARIANT`'s arguments: `variant` or `family/variant`, family bert by default."""
+    return variant.split("/") if "/" in variant else ["bert", variant]
+
+
 def stage_folder(cwd: Path, repo: Path, variant: str, changes: dict, tokenizer: Path | None = None) -> Path:
     """A repository-shaped folder: the embedded profile's params with `changes`, the shards and tokenizer of
-    `repo` (or another `tokenizer`), and a previous models/adapted/<variant> that must survive errors."""
+    `repo` (or another `tokenizer`), and a previous models/adapted/<family>/<variant> that must survive errors."""
     params = values("embedded")
     for key, value in changes.items():
         set_key(params, key, value)
@@ -428,7 +440,7 @@ def stage_folder(cwd: Path, repo: Path, variant: str, changes: dict, tokenizer: 
     (cwd / "models" / "tokenizer").symlink_to(tokenizer or repo / "models" / "tokenizer", target_is_directory=True)
     for stand_in in ("pretrain_encoder", "pretrain_clip"):
         (cwd / "models" / stand_in).symlink_to(repo / "models" / stand_in, target_is_directory=True)
-    previous = cwd / "models" / "adapted" / variant
+    previous = cwd / "models" / "adapted" / "/".join(stage_args(variant))
     previous.mkdir(parents=True)
     (previous / "config.json").write_text("previous output\n", encoding="utf-8")
     return cwd
@@ -436,7 +448,7 @@ def stage_folder(cwd: Path, repo: Path, variant: str, changes: dict, tokenizer: 
 
 @pytest.fixture(autouse=True, scope="module")
 def started_stage_runs(repo, tmp_path_factory):
-    """Every bad-input case as `python stages/adapt.py VARIANT` in its own folder, started before the
+    """Every bad-input case as `python stages/adapt.py FAMILY VARIANT` in its own folder, started before the
     first test so that the three that pay the heavy imports do so while the training tests run:
     name -> (folder, variant, running process)."""
     other_tokenizer = tmp_path_factory.mktemp("other") / "tokenizer"
@@ -445,7 +457,7 @@ def started_stage_runs(repo, tmp_path_factory):
     started = {}
     for name, (variant, changes, other, _) in ERRORS.items():
         cwd = stage_folder(tmp_path_factory.mktemp(name), repo, variant, changes, other_tokenizer if other else None)
-        proc = subprocess.Popen([sys.executable, str(ROOT / "stages" / "adapt.py"), variant], cwd=cwd, env=env,
+        proc = subprocess.Popen([sys.executable, str(ROOT / "stages" / "adapt.py"), *stage_args(variant)], cwd=cwd, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         started[name] = (cwd, variant, proc)
     yield started
@@ -474,7 +486,7 @@ def test_stage_rejects_bad_input_and_touches_nothing(stage_runs, name):
     for words in ERRORS[name][3]:
         assert words in lines[0], (words, lines[0])
     assert "Traceback" not in result.stderr and result.stdout == ""
-    previous = cwd / "models" / "adapted" / variant
+    previous = cwd / "models" / "adapted" / "/".join(stage_args(variant))
     assert sorted(p.name for p in previous.iterdir()) == ["config.json"]
     assert (previous / "config.json").read_text(encoding="utf-8") == "previous output\n"
     assert sorted(p.name for p in cwd.iterdir()) == ["data", "models", "params.yaml"]  # no checkpoints, metrics, dvclive
@@ -482,36 +494,37 @@ def test_stage_rejects_bad_input_and_touches_nothing(stage_runs, name):
 
 
 def test_stage_writes_encoder_full_model_and_metrics(repo, tmp_path, monkeypatch, capsys):
-    """A good run, in this process (its imports are already paid) exactly as `python stages/adapt.py xdbert`."""
+    """A good run, in this process (its imports are already paid) exactly as `python stages/adapt.py bert xdbert`."""
     import runpy
 
     changes = {**TINY_MODEL, "model.seed": 0, "adapt.epochs": 1, "adapt.batch_size": 16, "adapt.micro_batch_size": 8,
                "adapt.eval_windows": 8, "adapt.checkpoint_every": 1}
     cwd = stage_folder(tmp_path, repo, "xdbert", changes)
     monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", ["stages/adapt.py", "xdbert"])
+    monkeypatch.setattr(sys, "argv", ["stages/adapt.py", "bert", "xdbert"])
     runpy.run_path(str(ROOT / "stages" / "adapt.py"), run_name="__main__")  # a PipelineError would exit 2
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("adapt@xdbert: valid_mlm_loss=")
-    adapted = cwd / "models" / "adapted" / "xdbert"
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("adapt@bert: valid_mlm_loss=")
+    adapted = cwd / "models" / "adapted" / "bert" / "xdbert"
     assert (adapted / "config.json").read_text(encoding="utf-8") != "previous output\n"  # replaced
     encoder = AutoModel.from_pretrained(str(adapted))
     assert encoder.config.hidden_size == 32 and encoder.config.vocab_size == len(AutoTokenizer.from_pretrained(str(adapted)))
-    full = load_full(cwd / "models" / "crossmodal" / "xdbert")
+    full = load_full(cwd / "models" / "crossmodal" / "bert" / "xdbert")
     assert full.config.losses == LOSSES and full.config.clip_blocks == 1 and full.config.clip_heads == 2
     assert all(torch.equal(v, full.encoder.state_dict()[k]) for k, v in encoder.state_dict().items())
-    metrics = json.loads((cwd / "metrics" / "adapt" / "xdbert.json").read_text(encoding="utf-8"))
+    metrics = json.loads((cwd / "metrics" / "adapt" / "bert" / "xdbert.json").read_text(encoding="utf-8"))
     n_train = shards.read_manifest(repo / "data" / "shards")["splits"]["train"]["windows"]
-    assert metrics["variant"] == "xdbert" and metrics["steps"] == -(-n_train // 16)
+    assert (metrics["family"], metrics["variant"], metrics["steps"]) == ("bert", "xdbert", -(-n_train // 16))
+    assert metrics["mlm_head"] == "pretrained:models/pretrain_encoder/bert"  # the stand-in's own MLM head, copied
     assert all(np.isfinite(metrics[f"valid_{k}_loss"]) for k in LOSSES)
-    assert not (cwd / "checkpoints" / "adapt" / "xdbert.pt").exists()  # done: the checkpoint is removed
-    assert (cwd / "dvclive" / "adapt" / "xdbert").is_dir()
+    assert not (cwd / "checkpoints" / "adapt" / "bert" / "xdbert.pt").exists()  # done: the checkpoint is removed
+    assert (cwd / "dvclive" / "adapt" / "bert" / "xdbert").is_dir()
 
 
 # ---------------------------------------------------------------------------------------------------
 # Several processes (one per GPU on a GPU machine): the same training as one process
 # ---------------------------------------------------------------------------------------------------
 
-VARIANTS = [*values("embedded")["adapt"]["variants"], "baseline"]
+VARIANTS = ["xdbert", *values("embedded")["adapt"]["variants"], "baseline"]
 
 
 def free_port() -> int:
@@ -549,7 +562,7 @@ def outputs(folder: Path, variant: str) -> tuple[dict, dict]:
 
     tensors = {f"{path.relative_to(folder)}:{name}": t for path in sorted((folder / "models").rglob("*.safetensors"))
                for name, t in load_file(path).items()}
-    metrics = json.loads((folder / "metrics" / "adapt" / f"{variant}.json").read_text())
+    metrics = json.loads((folder / "metrics" / "adapt" / "bert" / f"{variant}.json").read_text())
     return tensors, {k: v for k, v in metrics.items() if k not in ("seconds", "processes")}
 
 
@@ -577,7 +590,7 @@ def test_two_processes_train_every_variant_as_one_does(repo, tmp_path):
     for variant in VARIANTS:
         single, main, other = (tmp_path / "one" / "rank0" / variant, tmp_path / "two" / "rank0" / variant,
                                tmp_path / "two" / "rank1" / variant)
-        config = json.loads((single / "models" / "adapted" / variant / "config.json").read_text())
+        config = json.loads((single / "models" / "adapted" / "bert" / variant / "config.json").read_text())
         assert config["hidden_dropout_prob"] > 0 and config["attention_probs_dropout_prob"] > 0
         (w1, m1), (w2, m2) = outputs(single, variant), outputs(main, variant)
         assert w1.keys() == w2.keys() and len(w1) > 10
@@ -590,9 +603,10 @@ def test_two_processes_train_every_variant_as_one_does(repo, tmp_path):
         assert m1.keys() == m2.keys() and m1["steps"] == m2["steps"] > 1
         for key, value in m1.items():
             assert m2[key] == (pytest.approx(value, rel=1e-4, abs=1e-5) if isinstance(value, float) else value), (variant, key)
-        assert json.loads((main / "metrics" / "adapt" / f"{variant}.json").read_text())["processes"] == 2
+        assert json.loads((main / "metrics" / "adapt" / "bert" / f"{variant}.json").read_text())["processes"] == 2
         # the main process alone writes outputs and removes the checkpoint; the other wrote nothing
-        assert (main / "dvclive" / "adapt" / variant).is_dir() and not (main / "checkpoints" / "adapt" / f"{variant}.pt").exists()
+        assert (main / "dvclive" / "adapt" / "bert" / variant).is_dir()
+        assert not (main / "checkpoints" / "adapt" / "bert" / f"{variant}.pt").exists()
         assert sorted(p.name for p in other.iterdir()) == ["data", "models", "params.yaml"]
         assert sorted(p.name for p in (other / "models").iterdir()) == ["pretrain_clip", "pretrain_encoder", "tokenizer"]
 
@@ -600,9 +614,9 @@ def test_two_processes_train_every_variant_as_one_does(repo, tmp_path):
 def test_launch_command_starts_one_process_per_gpu_once():
     from xdbert.adaptation.launch import launch_command
 
-    argv = ["stages/adapt.py", "xdbert"]
+    argv = ["stages/adapt.py", "bert", "xdbert"]
     command = launch_command(argv, 4, env={})
-    assert command[1:3] == ["-m", "accelerate.commands.launch"] and command[-2:] == argv
+    assert command[1:3] == ["-m", "accelerate.commands.launch"] and command[-3:] == argv
     assert command[command.index("--num_processes") + 1] == "4" and "--multi_gpu" in command
     assert launch_command(argv, 1, env={}) is None and launch_command(argv, 0, env={}) is None
     assert launch_command(argv, 4, env={"LOCAL_RANK": "0", "WORLD_SIZE": "4"}) is None  # a launched process trains

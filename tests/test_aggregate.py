@@ -1,13 +1,20 @@
-"""The paired bootstrap behind the tables' Δ rows."""
+"""The paired bootstrap behind the tables' Δ rows, and the tables it goes into: rows per encoder family."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
+from xdbert import io
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
+from xdbert.model.settings import Family
+from xdbert.profiles import values
 from xdbert.reports.aggregate import bootstrap_replicates, compare, paired_bootstrap
+from xdbert.reports.settings import AggregateSettings
 
 RTE = get_task("rte")
 
@@ -52,8 +59,143 @@ def test_adaptation_table_shows_match_beside_its_majority_class():
         "xdbert": {"steps": 32, "valid_mlm_accuracy": 0.27, "valid_mlm_perplexity": 94.0, "valid_match_accuracy": 0.54,
                    "valid_match_majority": 0.54, "valid_cliptc_accuracy": 0.295},
         "mlm": {"steps": 32, "valid_mlm_accuracy": 0.268, "valid_mlm_perplexity": 85.1},
-    })
+    }, "bert")
+    assert "## Adaptation (held-out valid windows, metrics/adapt/bert/<variant>.json)" in table
     rows = [line for line in table.splitlines() if line.startswith("|")]
     assert rows[0] == "| variant | steps | MLM acc. | MLM ppl. | MATCH acc. | MATCH majority | CLIPTC acc. |"
     assert rows[2] == "| xdbert | 32 | 0.270 | 94.0 | 0.540 | 0.540 | 0.295 |"
     assert rows[3] == "| mlm | 32 | 0.268 | 85.1 | - | - | - |"  # a loss the variant does not train: a dash
+
+
+# ----------------------------------------------------------------------------------------------------
+# The tables, family by family
+# ----------------------------------------------------------------------------------------------------
+
+N = 100  # dev examples of every fixture run: right on the first `n` of them, on every seed
+# Correct answers per run (results/finetune/<task>/<run>): the Δs differ from family to family, so a Δ taken
+# against the wrong family's baseline shows.
+CORRECT = {
+    "rte": {"clip_t": 40, "bert/baseline": 50, "bert/xdbert": 60, "bert/full_xdbert": 55, "bert/mlm": 45,
+            "electra/baseline": 70, "electra/xdbert": 75, "electra/full_xdbert": 80},
+    "sst2": {"bert/baseline": 50, "bert/xdbert": 58, "bert/full_xdbert": 50,
+             "electra/baseline": 60, "electra/xdbert": 70, "electra/full_xdbert": 62},
+}
+MLM_HEADS = {"bert": "pretrained:bert-base-uncased", "electra": "random"}
+ADAPT_METRICS = {"steps": 10, "valid_mlm_accuracy": 0.3, "valid_mlm_perplexity": 50.0}
+
+
+def two_families(profile: str = "embedded") -> dict:
+    """The embedded params with two families, `bert` (still `adapt.family` and the PWCCA pairs' name) and
+    `electra`, on RTE and SST2; Table 3 has one ablation, `mlm`, on RTE."""
+    p = values("embedded")
+    p["profile"] = profile
+    p["families"] = {"bert": {"label": "BERT-b", "size": "base", "layer_lr_decay": 1.0},
+                     "electra": {"label": "ELECTRA-b", "encoder": "google/electra-base-discriminator", "size": "base",
+                                 "layer_lr_decay": 0.8}}
+    p["tasks"]["names"] = ["rte", "sst2"]
+    p["finetune"].update(ablations=["mlm"], ablation_tasks=["rte"], clip_tasks=["rte"])
+    p["aggregate"]["n_boot"] = 50
+    return p
+
+
+@pytest.fixture
+def outputs(tmp_path):
+    """(finetune dir, adapt metrics dir) as the finetune and adapt stages leave them for `two_families`:
+    electra has no Table 3 runs nor metrics, so a Table 3 that looked there would fail."""
+    finetune, adapt = tmp_path / "finetune", tmp_path / "adapt"
+    for task, runs in CORRECT.items():
+        for run, n in runs.items():
+            path = finetune / task / run / "predictions.parquet"
+            path.parent.mkdir(parents=True)
+            io.write_parquet(pa.Table.from_pandas(predictions(np.arange(N) < n), preserve_index=False), path)
+    for family, head in MLM_HEADS.items():
+        io.write_json(adapt / family / "xdbert.json", {"family": family, "mlm_head": head, **ADAPT_METRICS})
+    for variant in ("baseline", "mlm"):
+        io.write_json(adapt / "bert" / f"{variant}.json", {"family": "bert", **ADAPT_METRICS})
+    return finetune, adapt
+
+
+def rows(markdown: str) -> list[str]:
+    """The table's rows (header and rule left out): the first cell of each line of the results table."""
+    table = markdown.split("\n\n| model |")[1].split("\n\n")[0]
+    return [line.split(" | ")[0].removeprefix("| ") for line in table.splitlines()[2:]]
+
+
+def test_each_family_has_its_rows_and_each_delta_is_against_its_own_baseline(outputs):
+    from xdbert.reports.tables import render, tables_metrics
+
+    reports, results = render(AggregateSettings.from_params(two_families()), *outputs)
+    assert rows(reports["table1"]) == ["CLIP-T", "BERT-b", "XDBERT-b", "↳ Δ vs BERT-b", "ELECTRA-b", "XDELECTRA-b",
+                                       "↳ Δ vs ELECTRA-b"]
+    t1 = results["table1"]
+    assert list(t1) == ["CLIP-T", "BERT-b", "XDBERT-b", "ELECTRA-b", "XDELECTRA-b"]
+    assert list(t1["CLIP-T"]) == ["rte"] and t1["CLIP-T"]["rte"]["median"] == pytest.approx(0.40)
+    assert t1["ELECTRA-b"]["sst2"]["median"] == pytest.approx(0.60) and "vs_baseline" not in t1["ELECTRA-b"]["rte"]
+    # XDELECTRA-b against ELECTRA-b (+5 on RTE), not against BERT-b (+25)
+    expected = {("XDBERT-b", "rte"): 0.10, ("XDBERT-b", "sst2"): 0.08, ("XDELECTRA-b", "rte"): 0.05,
+                ("XDELECTRA-b", "sst2"): 0.10}
+    for (row, task), delta in expected.items():
+        d = t1[row][task]["vs_baseline"]
+        assert d["delta"] == pytest.approx(delta) and d["ci_low"] > 0 and d["significant"], (row, task, d)
+    delta_rte = re.compile(r"\| ↳ Δ vs ELECTRA-b \| \+5\.00\* <sub>\[\+\d\.\d\d, \+\d+\.\d\d\]</sub> \| \+10\.00\* ")
+    assert delta_rte.search(reports["table1"]), reports["table1"]
+    assert "- models: encoders BERT-b `random:bert` (pretrained on the corpus by `pretrain_encoder@bert`), ELECTRA-b " \
+           "`google/electra-base-discriminator`; CLIP" in reports["table1"]
+    note = reports["table1"].split("## MLM head at the start of adaptation\n\n")[1].split("\n\n")[0].splitlines()
+    assert note == ["- BERT-b: copied from the pretrained MLM head of `bert-base-uncased`",
+                    "- ELECTRA-b: random: its checkpoint ships no MLM head (as ELECTRA discriminators: theirs is the "
+                    "separate generator's, which is not loaded)"]
+
+    assert rows(reports["table8"]) == ["BERT-b", "XDBERT-b", "↳ Δ vs BERT-b", "XBERT-b", "↳ Δ vs BERT-b", "ELECTRA-b",
+                                       "XDELECTRA-b", "↳ Δ vs ELECTRA-b", "XELECTRA-b", "↳ Δ vs ELECTRA-b"]
+    t8 = results["table8"]
+    assert t8["XBERT-b"]["rte"]["vs_baseline"]["delta"] == pytest.approx(0.05)
+    assert t8["XBERT-b"]["sst2"]["vs_baseline"]["delta"] == pytest.approx(0.0)
+    assert t8["XELECTRA-b"]["rte"]["vs_baseline"]["delta"] == pytest.approx(0.10)
+    assert t8["XELECTRA-b"]["sst2"]["vs_baseline"]["delta"] == pytest.approx(0.02)
+    assert t8["XDELECTRA-b"]["rte"]["vs_baseline"] == t1["XDELECTRA-b"]["rte"]["vs_baseline"]  # the same replicates
+
+    # Table 3: the ablation family's runs alone, its rows labelled by variant, on the ablation tasks
+    assert "# Table 3: adaptation ablations (BERT-b)" in reports["table3"]
+    assert rows(reports["table3"]) == ["baseline", "xdbert", "↳ Δ vs baseline", "mlm", "↳ Δ vs baseline"]
+    t3 = results["table3"]
+    assert all(list(cells) == ["rte"] for cells in t3.values())
+    assert {row: cells["rte"]["median"] for row, cells in t3.items()} == pytest.approx(
+        {"baseline": 0.50, "xdbert": 0.60, "mlm": 0.45})
+    assert t3["mlm"]["rte"]["vs_baseline"]["delta"] == pytest.approx(-0.05)
+    assert "metrics/adapt/bert/<variant>.json" in reports["table3"]
+    assert "\n| mlm | 10 | 0.300 | 50.0 | - | - | - |" in reports["table3"]
+    assert tables_metrics(results)["table1"]["XDELECTRA-b"] == {"rte": 0.75, "sst2": 0.70}
+    assert "*paper:" not in reports["table1"]  # the paper's numbers are the paper profile's
+
+
+def test_paper_rows_sit_under_the_rows_they_belong_to(outputs):
+    from xdbert.reports.tables import render
+
+    reports, _ = render(AggregateSettings.from_params(two_families("paper")), *outputs)
+    assert rows(reports["table1"]) == [
+        "CLIP-T", "*paper: CLIP-T*", "BERT-b", "*paper: BERT-b*", "XDBERT-b", "↳ Δ vs BERT-b", "*paper: XDBERT-b*",
+        "ELECTRA-b", "*paper: ELECTRA-b*", "XDELECTRA-b", "↳ Δ vs ELECTRA-b", "*paper: XDELECTRA-b*",
+        "*paper: ELECTRA-l*", "*paper: XDELECTRA-l*"]  # the paper's rows of a family the study does not have: last
+    lines = reports["table1"].splitlines()
+    assert "| *paper: XDELECTRA-b* | *80.51* | *95.20* |" in lines and "| *paper: CLIP-T* | *51.62* | - |" in lines
+    assert rows(reports["table8"]) == [
+        "BERT-b", "XDBERT-b", "↳ Δ vs BERT-b", "XBERT-b", "↳ Δ vs BERT-b", "*paper: XBERT-b*", "ELECTRA-b", "XDELECTRA-b",
+        "↳ Δ vs ELECTRA-b", "XELECTRA-b", "↳ Δ vs ELECTRA-b", "*paper: XELECTRA-b*", "*paper: XELECTRA-l*"]
+    assert "| *paper: XELECTRA-b* | *79.78* | *95.06* |" in reports["table8"].splitlines()
+    assert rows(reports["table3"])[-1] == "*paper: 20 epochs*"  # Table 3's rows are variant names: its paper rows close it
+
+
+def test_mlm_head_note_says_unknown_where_the_metrics_predate_the_key():
+    from xdbert.reports.tables import mlm_head_note
+
+    electra_l = Family("electra-l", "ELECTRA-l", "large", 0.9)
+    assert mlm_head_note({electra_l: None}).splitlines()[-1] == \
+        "- ELECTRA-l: unknown (its adaptation metrics predate the `mlm_head` key)"
+
+
+def test_labels_that_make_the_same_row_twice_are_refused():
+    p = two_families()
+    p["families"]["electra"]["label"] = "DBERT-b"  # its full model's row, XDBERT-b, is bert's adapted encoder's
+    with pytest.raises(PipelineError, match="rows XDBERT-b more than once"):
+        AggregateSettings.from_params(p)

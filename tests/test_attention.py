@@ -191,20 +191,20 @@ def variants_present(tmp_path, monkeypatch):
     """The working directory holds a (stub) saved cross-modal model of every embedded variant."""
     monkeypatch.chdir(tmp_path)
     for v in values("embedded")["attention"]["variants"]:
-        crossmodal(v).mkdir(parents=True)
-        (crossmodal(v) / "xdbert_config.json").write_text("{}")
+        crossmodal("bert", v).mkdir(parents=True)
+        (crossmodal("bert", v) / "xdbert_config.json").write_text("{}")
 
 
 def test_settings_from_the_embedded_profile(variants_present):
     s = A.AttentionSettings.from_params(values("embedded"))
-    assert (s.variants, s.task, s.index) == (("xdbert", "mlm_match"), "rte", 0)
+    assert (s.variants, s.family, s.task, s.index) == (("xdbert", "mlm_match"), "bert", "rte", 0)
     assert (s.max_len, s.clip_blocks_per_sentence, s.windows, s.batch_size) == (128, 2, 64, 16)
 
 
 @pytest.mark.parametrize("overrides, message", [
     ({"variants": []}, "`attention.variants` must be a non-empty list of adapt variants without repeats"),
     ({"variants": ["xdbert", "xdbert"]}, "without repeats"),
-    ({"variants": ["xdbert", "full"]}, "missing models/crossmodal/full: run its adapt stage first (`dvc repro adapt@full`)"),
+    ({"variants": ["xdbert", "full"]}, "missing models/crossmodal/bert/full: run its adapt stage first (`dvc repro ablate@full`)"),
     ({"task": "swag"}, "`attention.task` must be a sentence or sentence-pair task, not multiple choice"),
     ({"task": "wnli"}, "unknown attention.task 'wnli'; allowed: rte, mrpc"),
     ({"task": ["rte"]}, "unknown attention.task ['rte']"),

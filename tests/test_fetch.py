@@ -26,8 +26,9 @@ PAPER_ASSETS = [  # (param, repo id, kind): what the paper profile loads from th
     ("tasks.glue_hub_id", "nyu-mll/glue", "dataset"),
     ("tasks.swag_hub_id", "allenai/swag", "dataset"),
     ("model.encoder", "bert-base-uncased", "model"),
+    ("families.electra-b.encoder", "google/electra-base-discriminator", "model"),
+    ("families.electra-l.encoder", "google/electra-large-discriminator", "model"),
     ("model.clip_pretrained", "timm/vit_base_patch32_clip_224.openai", "model"),
-    ("pwcca.electra", "google/electra-base-discriminator", "model"),
 ]
 
 
@@ -87,9 +88,9 @@ def test_fetch_asks_for_every_asset_and_pins_the_commits_the_hub_gave(cache, tmp
     lock = json.loads((tmp_path / "hub.lock.json").read_text())
     assert lock == {"profile": "paper", "assets": entries}
     assert [(e["key"], e["repo_id"], e["repo_type"]) for e in entries] == PAPER_ASSETS
-    assert [e["revision"] for e in entries] == [f"{i:040x}" for i in range(1, 7)]
+    assert [e["revision"] for e in entries] == [f"{i:040x}" for i in range(1, 8)]
     assert entries[3]["requested"] == "v1.0" and all(e["files"] == ["config.json"] for e in entries)
-    assert lines[-1].startswith(f"{tmp_path / 'hub.lock.json'}: 6 assets pinned")
+    assert lines[-1].startswith(f"{tmp_path / 'hub.lock.json'}: 7 assets pinned")
     # what the loaders read from now on: the pinned snapshot in the cache, with no network
     lock_path = tmp_path / "hub.lock.json"
     assert hub.pinned("bert-base-uncased", lock=lock_path) == f"{4:040x}"

@@ -27,6 +27,7 @@ from xdbert.finetuning.rates import layer_depths, parameter_groups
 from xdbert.finetuning.results import write_results
 from xdbert.finetuning.runs import Study
 from xdbert.finetuning.settings import FinetuneSettings, learning_rate, size_of
+from xdbert.model.settings import family
 from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -525,22 +526,23 @@ def test_results_have_medians_and_one_row_per_seed_split_example(bert_dir, tmp_p
 FINETUNE_PARAMS = {
     "lr": {t: {"base": 3e-3, "large": 3e-3} for t in ("rte", "mrpc", "sst2", "stsb")},
     "epochs": 2, "warmup_ratio": 0.1, "batch_size": 16, "eval_batch_size": 64, "max_len": 32, "weight_decay": 0.01,
-    "layer_lr_decay": 1.0, "length_group": 4, "clip_blocks_per_sentence": 2, "dropout": 0.1,
+    "length_group": 4, "clip_blocks_per_sentence": 2, "dropout": 0.1,
     "seeds": [0, 1], "rte_seeds": [0, 1, 2], "precision": "auto",
-    "compile": False, "models": ["tiny"], "ablations": [], "ablation_tasks": [], "ablation_lr": None, "ablation_seeds": None,
+    "compile": False, "models": ["xdbert"], "ablations": [], "ablation_tasks": [], "ablation_lr": None, "ablation_seeds": None,
     "full_models": [], "clip_tasks": [],
 }
 
 
 @pytest.fixture()
 def workdir(tmp_path, bert_dir):
-    """A repository-shaped folder: params.yaml, data/tasks (sst2 only), models/adapted/tiny."""
-    (tmp_path / "models" / "adapted").mkdir(parents=True)
-    os.symlink(bert_dir, tmp_path / "models" / "adapted" / "tiny")
+    """A repository-shaped folder: params.yaml, data/tasks (sst2 and stsb), models/adapted/tiny/xdbert (family tiny)."""
+    (tmp_path / "models" / "adapted" / "tiny").mkdir(parents=True)
+    os.symlink(bert_dir, tmp_path / "models" / "adapted" / "tiny" / "xdbert")
     write_tasks({"sst2": keyword_tables("sst2", 48, 16), "stsb": keyword_tables("stsb", 32, 12)},
                 tmp_path / "data" / "tasks", "test")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"profile": "embedded", "tasks": {"names": ["sst2", "stsb"]},
-                                                         "finetune": FINETUNE_PARAMS}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
+        "profile": "embedded", "tasks": {"names": ["sst2", "stsb"]}, "adapt": {"family": "tiny"},
+        "families": {"tiny": {"label": "Tiny", "size": "base", "layer_lr_decay": 1.0}}, "finetune": FINETUNE_PARAMS}))
     return tmp_path
 
 
@@ -572,16 +574,16 @@ def test_stage_writes_metrics_and_predictions(workdir):
     proc = run_stage(workdir, workers=2)
     assert proc.returncode == 0, proc.stderr
     for task, n_dev in (("sst2", 16), ("stsb", 12)):
-        out = workdir / "results" / "finetune" / task / "tiny"
+        out = workdir / "results" / "finetune" / task / "tiny" / "xdbert"
         metrics = yaml.safe_load((out / "metrics.json").read_text())
-        assert metrics["run"] == "tiny" and metrics["kind"] == "encoder" and metrics["n_seeds"] == 2
+        assert (metrics["run"], metrics["family"], metrics["kind"], metrics["n_seeds"]) == ("tiny/xdbert", "tiny", "encoder", 2)
         assert metrics["task"] == task and metrics["metric"] == get_task(task).metric
         assert metrics["hyperparameters"]["lr"] == 3e-3 and metrics["hyperparameters"]["model_size"] == "base"
         preds = pq.read_table(out / "predictions.parquet")
         assert preds.num_rows == 2 * n_dev and sorted(set(preds.column("seed").to_pylist())) == [0, 1]
         assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "predictions.parquet"]
         assert f"finetune {task}: 0 of 2 runs reused from checkpoints/runs, 2 trained" in proc.stdout
-    assert "finetune stsb tiny: median spearman" in proc.stdout
+    assert "finetune stsb tiny/xdbert: median spearman" in proc.stdout
     assert len(list(cache.glob("*.pt"))) == 4  # every finished run is kept by what decided it
     two = outputs(workdir)
     shutil.rmtree(cache)
@@ -593,20 +595,43 @@ def test_stage_writes_metrics_and_predictions(workdir):
     assert outputs(workdir) == two
 
 
+TWO_FAMILIES = {"bert": {"label": "BERT-b", "size": "base", "layer_lr_decay": 1.0},
+                "electra": {"label": "ELECTRA-l", "encoder": "random:electra", "size": "large", "layer_lr_decay": 0.9}}
+
+
 def test_runs_of_a_task_follow_the_tables():
+    """Every family's Table 1 and Table 8 models; Table 3's ablations of `adapt.family` alone; CLIP-T once."""
     f = {"models": ["baseline", "xdbert"], "ablations": ["mlm"], "ablation_tasks": ["rte"], "full_models": ["xdbert"],
          "clip_tasks": ["rte"], "ablation_lr": None, "ablation_seeds": None}
-    study = Study.from_params(f)
+    study = Study.from_params({"finetune": f, "families": TWO_FAMILIES, "adapt": {"family": "bert"}})
     T1 = "table1"
-    assert study.runs("rte") == [("encoder", "baseline", "baseline", T1), ("encoder", "xdbert", "xdbert", T1),
-                                 ("encoder", "mlm", "mlm", T1), ("full", "xdbert", "full_xdbert", T1),
-                                 ("clip", "clip", "clip_t", T1)]
-    assert study.runs("sst2") == [("encoder", "baseline", "baseline", T1), ("encoder", "xdbert", "xdbert", T1),
-                                  ("full", "xdbert", "full_xdbert", T1)]
-    assert [r.model_dir for r in study.runs("rte")] == [Path("models/adapted/baseline"), Path("models/adapted/xdbert"),
-                                                        Path("models/adapted/mlm"), Path("models/crossmodal/xdbert"),
-                                                        Path("models/pretrain_clip")]
-    assert study.table3_runs() == {"baseline": "baseline", "xdbert": "xdbert", "mlm": "mlm"}  # Table 1's runs
+    assert study.runs("rte") == [
+        ("encoder", "baseline", "bert/baseline", T1, "bert"), ("encoder", "xdbert", "bert/xdbert", T1, "bert"),
+        ("encoder", "mlm", "bert/mlm", T1, "bert"), ("full", "xdbert", "bert/full_xdbert", T1, "bert"),
+        ("encoder", "baseline", "electra/baseline", T1, "electra"), ("encoder", "xdbert", "electra/xdbert", T1, "electra"),
+        ("full", "xdbert", "electra/full_xdbert", T1, "electra"), ("clip", "clip", "clip_t", T1, "")]
+    assert [r.name for r in study.runs("sst2")] == ["bert/baseline", "bert/xdbert", "bert/full_xdbert", "electra/baseline",
+                                                    "electra/xdbert", "electra/full_xdbert"]
+    assert [str(r.model_dir) for r in study.runs("rte")] == [
+        "models/adapted/bert/baseline", "models/adapted/bert/xdbert", "models/adapted/bert/mlm", "models/crossmodal/bert/xdbert",
+        "models/adapted/electra/baseline", "models/adapted/electra/xdbert", "models/crossmodal/electra/xdbert",
+        "models/pretrain_clip"]
+    assert study.table3_runs() == {"baseline": "bert/baseline", "xdbert": "bert/xdbert", "mlm": "bert/mlm"}  # Table 1's runs
+    with pytest.raises(PipelineError, match=r"`finetune.models` names 'mlm'; every family adapts only baseline, xdbert"):
+        Study.from_params({"finetune": {**f, "models": ["baseline", "mlm"]}, "families": TWO_FAMILIES, "adapt": {"family": "bert"}})
+    with pytest.raises(PipelineError, match=r"`adapt.family` names 'roberta', which is not a family; allowed: bert, electra"):
+        Study.from_params({"finetune": f, "families": TWO_FAMILIES, "adapt": {"family": "roberta"}})
+
+
+def test_a_family_gives_its_size_class_and_layer_decay(bert_dir):
+    """ELECTRA-l's recipe: Table 5's large rate and a decay of 0.9, whatever the width of the model at hand."""
+    spec = get_task("sst2")
+    s = dataclasses.replace(settings(spec), lr={"sst2": {"base": 1e-4, "large": 1e-5}})
+    large = prepare("encoder", bert_dir, keyword_tables("sst2", 8, 4), s, family=family(
+        {"families": TWO_FAMILIES, "adapt": {"family": "bert"}}, "electra"))
+    assert (large.size, large.hyperparameters.lr, large.hyperparameters.layer_lr_decay) == ("large", 1e-5, 0.9)
+    plain = prepare("encoder", bert_dir, keyword_tables("sst2", 8, 4), s)  # no family: the width decides, no decay
+    assert (plain.size, plain.hyperparameters.lr, plain.hyperparameters.layer_lr_decay) == ("base", 1e-4, 1.0)
 
 
 def test_table3_protocol_of_the_paper_reruns_its_rows_at_one_rate_and_five_seeds():
@@ -616,21 +641,27 @@ def test_table3_protocol_of_the_paper_reruns_its_rows_at_one_rate_and_five_seeds
     study = cola.study
     assert (study.protocol.lr, study.protocol.seeds) == (1e-4, [0, 1, 2, 3, 4])
     runs = {r.name: r for r in study.runs("cola")}
-    assert runs["xdbert"].protocol == "table1" and runs["table3_xdbert"].protocol == "ablation"
-    assert runs["table3_baseline"].model_dir == Path("models/adapted/baseline")
-    assert runs["mlm_match"].protocol == runs["twenty_epochs"].protocol == "ablation"
-    assert "table3_xdbert" not in {r.name for r in study.runs("sst2")}  # only on the ablation tasks
+    assert runs["bert-b/xdbert"].protocol == "table1" and runs["bert-b/table3_xdbert"].protocol == "ablation"
+    assert runs["bert-b/table3_baseline"].model_dir == Path("models/adapted/bert-b/baseline")
+    assert runs["bert-b/mlm_match"].protocol == runs["bert-b/twenty_epochs"].protocol == "ablation"
+    assert "bert-b/table3_xdbert" not in {r.name for r in study.runs("sst2")}  # only on the ablation tasks
+    assert not any(r.name.startswith("electra") and r.protocol == "ablation" for r in runs.values())  # BERT-b's alone
     assert cola.hyperparameters("base", "encoder").lr == 2e-5                 # Table 1's CoLA rate
     assert cola.hyperparameters("base", "encoder", "ablation").lr == 1e-4     # Table 3's
-    assert rte.seeds_of(runs["xdbert"]) == list(range(9)) and rte.seeds_of(runs["table3_xdbert"]) == [0, 1, 2, 3, 4]
-    assert study.table3_runs()["baseline"] == "table3_baseline" and study.table3_runs()["mlm"] == "mlm"
+    assert rte.seeds_of(runs["bert-b/xdbert"]) == list(range(9)) and rte.seeds_of(runs["bert-b/table3_xdbert"]) == [0, 1, 2, 3, 4]
+    assert study.table3_runs()["baseline"] == "bert-b/table3_baseline" and study.table3_runs()["mlm"] == "bert-b/mlm"
 
 
 @pytest.mark.parametrize("args, change, message", [
     ((), {"names": ["boolq"]}, "unknown entry of `tasks.names` 'boolq'; allowed: rte, mrpc"),
-    ((), {"models": ["missing"]}, "model folder models/adapted/missing is missing"),
+    ((), {"models": ["missing"]}, "`finetune.models` names 'missing'; every family adapts only baseline, xdbert"),
+    ((), {"models": ["baseline"]}, "model folder models/adapted/tiny/baseline is missing"),
+    ((), {"adapt": {"family": "bert"}}, "`adapt.family` names 'bert', which is not a family; allowed: tiny"),
     ((), {"seeds": []}, "`finetune.seeds` must be a non-empty list"),
-    ((), {"layer_lr_decay": 0}, "`finetune.layer_lr_decay` must be in (0, 1]"),
+    ((), {"families": {"tiny": {"label": "Tiny", "size": "base", "layer_lr_decay": 0}}},
+     "`families.tiny.layer_lr_decay` must be in (0, 1]"),
+    ((), {"families": {"tiny": {"label": "Tiny", "size": "xl", "layer_lr_decay": 1.0}}},
+     "unknown families.tiny.size 'xl'; allowed: base, large"),
     ((), {"compile": "yes"}, "`finetune.compile` must be true or false"),
     ((), {"names": ["sst2", "mrpc"]}, "task mrpc lacks split file(s)"),
     ((), {"names": ["rte"], "rte_seeds": []}, "`finetune.rte_seeds` must be a non-empty list"),
@@ -639,7 +670,7 @@ def test_table3_protocol_of_the_paper_reruns_its_rows_at_one_rate_and_five_seeds
     ((), {"lr": {"sst2": 1e-3}}, "`finetune.lr.sst2` must map base, large (and optionally full"),
     ((), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "full": 0}}}, "`finetune.lr.sst2.full` must be a positive number"),
     ((), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3, "xl": 1e-3}}}, "`finetune.lr.sst2` has unknown keys ['xl']; allowed: base, large, full"),
-    ((), {"full_models": ["tiny"]}, "model folder models/crossmodal/tiny is missing"),
+    ((), {"full_models": ["xdbert"]}, "model folder models/crossmodal/tiny/xdbert is missing"),
     # every task's rates are checked, and the table names tasks only
     ((), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3}, "rte": {"base": "fast", "large": 1e-3}}},
      "`finetune.lr.rte.base` must be a positive number; got 'fast'"),
@@ -653,7 +684,8 @@ def test_table3_protocol_of_the_paper_reruns_its_rows_at_one_rate_and_five_seeds
 def test_stage_rejects_bad_input_before_any_work(workdir, args, change, message, monkeypatch, capsys):
     if change:
         p = yaml.safe_load((workdir / "params.yaml").read_text())
-        p["finetune"].update({k: v for k, v in change.items() if k != "names"})
+        p["finetune"].update({k: v for k, v in change.items() if k not in ("names", "adapt", "families")})
+        p.update({k: v for k, v in change.items() if k in ("adapt", "families")})
         p["tasks"]["names"] = change.get("names", p["tasks"]["names"])
         (workdir / "params.yaml").write_text(yaml.safe_dump(p))
     code, err = run_stage_here(workdir, args, monkeypatch, capsys)

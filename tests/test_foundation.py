@@ -9,6 +9,7 @@ import pytest
 
 from xdbert import io, params, profiles
 from xdbert.errors import PipelineError
+from xdbert.model.settings import ModelSettings, families
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +98,7 @@ def keys(d, prefix=""):
     out = set()
     for k, v in d.items():
         out.add(prefix + k)
-        if isinstance(v, dict) and k not in ("variants", "encoder_config", "train_sizes"):  # open mappings
+        if isinstance(v, dict) and k not in ("families", "variants", "encoder_config", "train_sizes"):  # open mappings
             out |= keys(v, prefix + k + ".")
     return out
 
@@ -115,6 +116,12 @@ def test_paper_profile_is_an_overlay_of_the_defaults():
     assert "hidden_dropout_prob" not in paper["model"]["encoder_config"]
     assert paper["adapt"]["loss_weights"] == {"mlm": 1.0, "match": 1.0, "cliptc": 1.0}
     assert set(paper["adapt"]["variants"]) == set(embedded["adapt"]["variants"]) | {"twenty_epochs"}
+    # Table 1's three families, named and labelled as the paper names them; ELECTRA's own finetuning recipe
+    assert {name: (f.label, f.size, f.layer_lr_decay) for name, f in families(paper).items()} == {
+        "bert-b": ("BERT-b", "base", 1.0), "electra-b": ("ELECTRA-b", "base", 0.8), "electra-l": ("ELECTRA-l", "large", 0.9)}
+    assert ModelSettings.from_params(paper, "electra-l").encoder == "google/electra-large-discriminator"
+    assert ModelSettings.from_params(paper, "bert-b").encoder == "bert-base-uncased"  # `model.encoder`, inherited
+    assert list(families(embedded)) == ["bert"]  # one tiny family: the embedded study's time matters
 
 
 def test_rendered_profiles_are_their_values_with_the_defaults_comments():
@@ -163,9 +170,10 @@ def test_every_profile_key_is_known_and_unknown_keys_are_refused(tmp_path):
         values = profiles.values(name)
         assert {s: tuple(v) for s, v in values.items() if isinstance(v, dict)}.keys() == params.KEYS.keys()
         for section, keys in params.KEYS.items():
-            assert set(values[section]) <= set(keys)
-    assert {k for s in params.KEYS for k in params.KEYS[s]} == {
-        k for name in params.PROFILES for s, v in profiles.values(name).items() if isinstance(v, dict) for k in v}
+            assert keys is None or set(values[section]) <= set(keys)  # None: names of the user's (families)
+    assert {k for s in params.KEYS for k in params.KEYS[s] or ()} == {
+        k for name in params.PROFILES for s, v in profiles.values(name).items() if isinstance(v, dict) and params.KEYS[s]
+        for k in v}
     path = tmp_path / "params.yaml"
     path.write_text("profile: embedded\nadapt: {lrr: 1e-4}\n")
     with pytest.raises(PipelineError, match=r"unknown param `adapt.lrr` \(did you mean `adapt.lr`\?\)"):

@@ -189,10 +189,11 @@ def test_stage_writes_figure4(tmp_path, monkeypatch):
         prop = {i: rng.random(3) < 0.6 for i in dev["idx"]}
         extra[t] = int(sum(v.sum() for v in prop.values()) - sum(v.sum() for v in base.values()))
         for model, table in (("baseline", base), ("xdbert", prop)):
-            path = tmp_path / "results" / "finetune" / t / model / "predictions.parquet"
+            path = tmp_path / "results" / "finetune" / t / "tiny" / model / "predictions.parquet"
             path.parent.mkdir(parents=True)
             predictions(table).to_parquet(path)
-    params = {"profile": "embedded", "grounding": {
+    params = {"profile": "embedded", "adapt": {"family": "tiny"},
+              "families": {"tiny": {"label": "Tiny", "size": "base", "layer_lr_decay": 1.0}}, "grounding": {
         "tasks": list(tasks), "baseline": "baseline", "model": "xdbert", "threshold": 20, "captions": "generated",
         "captions_hub_split": "train", "captions_hub_column": "caption", "n_captions": 3000, "seed": 0,
         "stopwords": "", "examples_task": "rte", "examples_per_class": 2}}
@@ -210,8 +211,8 @@ def test_stage_writes_figure4(tmp_path, monkeypatch):
     assert "| RTE | 3 | 40 |" in md and f"{extra['rte']:+d}" in md and "**" in md and "### worsened" in md
     assert G.read_coco_captions(tmp_path / "data" / "captions" / "captions.json") == G.generate_captions(3000, 0)
 
-    (tmp_path / "results" / "finetune" / "mrpc" / "xdbert" / "predictions.parquet").unlink()
-    with pytest.raises(PipelineError, match=r"missing results/finetune/mrpc/xdbert/predictions.parquet: run the finetune stage"):
+    (tmp_path / "results" / "finetune" / "mrpc" / "tiny" / "xdbert" / "predictions.parquet").unlink()
+    with pytest.raises(PipelineError, match=r"missing results/finetune/mrpc/tiny/xdbert/predictions.parquet: run the finetune stage"):
         load_stage("grounding").main()
     params["grounding"]["captions"] = "coco/captions_train2017.json"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -243,7 +244,7 @@ def predictions_present(tmp_path, monkeypatch):
     """The working directory holds (empty) prediction files of both runs for the embedded profile's tasks."""
     monkeypatch.chdir(tmp_path)
     g = values("embedded")["grounding"]
-    for run in (g["baseline"], g["model"]):
+    for run in (f"bert/{g['baseline']}", f"bert/{g['model']}"):  # the runs of `adapt.family`
         for task in g["tasks"]:
             G.predictions_path(run, task).parent.mkdir(parents=True)
             G.predictions_path(run, task).touch()
@@ -251,7 +252,7 @@ def predictions_present(tmp_path, monkeypatch):
 
 def test_settings_from_the_embedded_profile(predictions_present):
     s = G.GroundingSettings.from_params(values("embedded"))
-    assert s.tasks == ("rte", "mrpc", "cola") and s.names == ("baseline", "xdbert")
+    assert s.tasks == ("rte", "mrpc", "cola") and s.names == ("bert/baseline", "bert/xdbert")
     assert (s.threshold, s.captions, s.n_captions, s.seed, s.stopwords) == (100, "generated", 20000, 0, None)
     assert s.captions_hub_split is None  # a hub dataset's keys are not kept for generated captions
     hub = G.GroundingSettings.from_params(grounding_params(captions="coco_captions"))
@@ -277,7 +278,7 @@ def test_settings_from_the_embedded_profile(predictions_present):
     ({"seed": -1}, "`grounding.seed` must be a non-negative integer"),
     ({"captions": "coco/captions_train2017.json"}, "missing caption file coco/captions_train2017.json"),
     ({"captions": "coco_captions", "captions_hub_column": ""}, "`grounding.captions_hub_column` must be a non-empty string"),
-    ({"model": "full"}, "missing results/finetune/rte/full/predictions.parquet: run the finetune stage of model `full`"),
+    ({"model": "full"}, "missing results/finetune/rte/bert/full/predictions.parquet: run the finetune stage of model `bert/full`"),
     ({"model": 5}, "`grounding.model` must be a non-empty string; got 5"),
     ({"stopwords": ["a"]}, "`grounding.stopwords` must be a stopword file"),
 ])

@@ -35,6 +35,7 @@ from xdbert.cli import app
 from xdbert.data.tasks.registry import TASK_NAMES
 from xdbert.finetuning.runs import Study
 from xdbert.model import LOSSES
+from xdbert.model.settings import FAMILY_KEYS
 
 FUZZ = {"wrong_type": 2, "out_of_range": 2, "unknown_key": 30, "valid": 2}  # examples per key (per test for unknown_key)
 FUZZ_SETTINGS = dict(deadline=None, derandomize=True, database=None,
@@ -113,6 +114,7 @@ HUB_NAME = spec(NAME, wrong("text"), EMPTY)
 SEEDS = spec(st.lists(st.integers(-5, 10**6), min_size=1, max_size=9, unique=True), wrong("list"),
              st.one_of(st.just([]), st.integers(0, 9).map(lambda s: [s, s])))
 ADAPT_VARIANTS = lambda p: list(p["adapt"]["variants"])  # noqa: E731
+FAMILIES = lambda p: list(p["families"])  # noqa: E731
 
 
 def pick(options: list, fallback: Any) -> st.SearchStrategy:
@@ -120,15 +122,20 @@ def pick(options: list, fallback: Any) -> st.SearchStrategy:
 
 
 def runs_of_every_grounding_task(p: dict) -> list[str]:
-    study = Study.from_params(p["finetune"])
+    """The models of `adapt.family` with a run on every grounding task (grounding names them without the family)."""
+    study = Study.from_params(p)
     runs = [[r.name for r in study.runs(task)] for task in p["grounding"]["tasks"]]
-    return [name for name in runs[0] if all(name in r for r in runs)]
+    own = f"{study.ablation_family}/"
+    return [name[len(own):] for name in runs[0] if name.startswith(own) and all(name in r for r in runs)]
 
 
 def encoder_positions(p: dict) -> int | None:
-    """The bound of tokenize.max_len that the check knows: a random encoder's max_position_embeddings."""
+    """The bound of tokenize.max_len that the check knows: the random encoders' max_position_embeddings."""
     m = p["model"]
-    return (m["encoder_config"] or {}).get("max_position_embeddings") if m["encoder"].startswith("random:") else None
+    configs = [(f.get("encoder", m["encoder"]), {**(m["encoder_config"] or {}), **(f.get("encoder_config") or {})})
+               for f in [{}, *p["families"].values()]]
+    bounds = [c["max_position_embeddings"] for e, c in configs if e.startswith("random:") and c.get("max_position_embeddings")]
+    return min(bounds) if bounds else None
 
 
 def divisors(n: int) -> list[int]:
@@ -183,6 +190,7 @@ SCHEMA: dict[str, Spec] = {
     "model.encoder_config.intermediate_size": pos_int(8192),
     "model.encoder_config.max_position_embeddings": spec(
         lambda p, path: st.integers(p["tokenize"]["max_len"] if encoder_positions(p) else 1, 4096), wrong("int"), NOT_POSITIVE_INT),
+    "model.encoder_config.embedding_size": pos_int(4096),
     "model.encoder_config.hidden_dropout_prob": fraction(),
     "model.encoder_config.attention_probs_dropout_prob": fraction(),
 
@@ -198,7 +206,6 @@ SCHEMA: dict[str, Spec] = {
     **{f"pretrain.{k}": fraction() for k in ("mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay")},
     "pretrain.seed": non_negative(), "pretrain.clip_steps": non_negative(),
 
-    "adapt.variants.*": spec(overrides, wrong("dict", "none"), st.just({"nope": 1})),
     "adapt.losses": spec(st.lists(st.sampled_from(LOSSES), min_size=1, unique=True), wrong("list"),
                          st.sampled_from([[], ["itm"], ["mlm", "mlm"]])),
     "adapt.cross_layers": spec(st.integers(0, 6), wrong("int"),
@@ -217,14 +224,19 @@ SCHEMA: dict[str, Spec] = {
                                    lambda p, path: st.one_of(NOT_POSITIVE_INT, st.integers(p["adapt"]["batch_size"] + 1, 10**5))),
     "adapt.checkpoint_every": pos_int(), "adapt.eval_windows": pos_int(),
     "adapt.precision": choice("auto", "bf16", "fp16", "no"), "adapt.seed": non_negative(),
+    "adapt.family": spec(lambda p, path: st.sampled_from(FAMILIES(p)), wrong("text"),
+                         lambda p, path: UNKNOWN),
 
-    "pwcca.electra": spec(st.one_of(st.just(""), NAME), wrong("text"),
-                          lambda p, path: EMPTY if any("electra" in pair for pair in p["pwcca"]["pairs"]) else None),
+    "families.*.label": spec(NAME, wrong("text"), EMPTY),
+    "families.*.size": choice("base", "large"),
+    "families.*.layer_lr_decay": spec(st.floats(0, 1, exclude_min=True), wrong("int", "float"),
+                                      st.one_of(st.sampled_from([0, 0.0, 1.5, math.nan]), st.floats(max_value=0))),
+    "families.*.encoder": spec(st.sampled_from(["random:bert", "random:electra"]), wrong("text"), EMPTY),
+
     "pwcca.clip_tower": spec(st.one_of(st.just(""), NAME), wrong("text")),
-    "pwcca.pairs": spec(lambda p, path: st.lists(st.permutations(
-                            ["encoder", "clip", "random", *(["electra"] if p["pwcca"]["electra"] else [])]).map(lambda s: s[:2]),
-                            min_size=1, max_size=4),
-                        wrong("list"), st.sampled_from([[], [["encoder", "encoder"]], [["encoder", "bert"]], [["clip"]], ["clip"]])),
+    "pwcca.pairs": spec(lambda p, path: st.lists(st.permutations([*FAMILIES(p), "clip", "random"]).map(lambda s: s[:2]),
+                                                 min_size=1, max_size=4),
+                        wrong("list"), st.sampled_from([[], [["clip", "clip"]], [["clip", "encoder_unknown"]], [["clip"]], ["clip"]])),
     "pwcca.eps": spec(st.one_of(st.floats(0, 1e-2), st.just(0)), wrong("int", "float"),
                       st.one_of(st.floats(max_value=0, exclude_max=True), st.sampled_from([math.nan, math.inf]))),
     "pwcca.weight_by": choice("x", "y", "smaller"), "pwcca.convention": choice("svcca", "whitened"), "pwcca.min_words_ratio": pos_float(50.0), "pwcca.seed": non_negative(),
@@ -244,7 +256,7 @@ SCHEMA: dict[str, Spec] = {
                                     lambda p, path: st.sampled_from([t for t in TASK_NAMES if t not in p["grounding"]["tasks"]])),
     "grounding.examples_per_class": pos_int(100),
 
-    "attention.variants": names(ADAPT_VARIANTS, min_size=1,
+    "attention.variants": names(lambda p: ["xdbert", *ADAPT_VARIANTS(p)], min_size=1,
                                 bad=st.one_of(st.just([]), st.just(["xdbert", "xdbert"]), st.just(["baseline"]),
                                               st.lists(UNKNOWN, min_size=1, max_size=1))),
     "attention.task": spec(lambda p, path: pick([t for t in p["tasks"]["names"] if t != "swag"], "rte"), wrong("text"),
@@ -253,9 +265,11 @@ SCHEMA: dict[str, Spec] = {
     **{f"attention.{k}": pos_int(1024) for k in ("max_len", "clip_blocks_per_sentence", "windows", "batch_size")},
 
     **{f"finetune.lr.*.{size}": pos_float(1.0) for size in ("base", "large", "full")},
-    "finetune.models": names(lambda p: [*ADAPT_VARIANTS(p), "baseline"], required=lambda p: ["baseline", "xdbert"]),
-    "finetune.ablations": names(lambda p: [*ADAPT_VARIANTS(p), "baseline"]),
-    "finetune.full_models": names(ADAPT_VARIANTS, required=lambda p: ["xdbert"], bad=st.just(["baseline"])),
+    "finetune.models": names(lambda p: ["baseline", "xdbert"], required=lambda p: ["baseline", "xdbert"],
+                             bad=st.one_of(st.lists(UNKNOWN, min_size=1, max_size=2),
+                                           st.just(["baseline", "mlm"]))),  # an ablation: adapt.family's alone
+    "finetune.ablations": names(lambda p: [*ADAPT_VARIANTS(p), "baseline", "xdbert"]),
+    "finetune.full_models": names(lambda p: ["xdbert"], required=lambda p: ["xdbert"], bad=st.just(["baseline"])),
     "finetune.ablation_tasks": names(lambda p: list(TASK_NAMES)),
     "finetune.clip_tasks": names(lambda p: list(TASK_NAMES)),
     "finetune.seeds": SEEDS, "finetune.rte_seeds": SEEDS,
@@ -263,8 +277,6 @@ SCHEMA: dict[str, Spec] = {
     "finetune.ablation_seeds": spec(st.one_of(st.none(), SEEDS.valid(None, None)), wrong("list", "none"), SEEDS.bad(None, None)),
     "finetune.epochs": pos_int(100), "finetune.batch_size": pos_int(4096), "finetune.eval_batch_size": pos_int(4096),
     "finetune.max_len": spec(st.integers(1, 512), wrong("int"), st.one_of(NOT_POSITIVE_INT, st.integers(513, 10**5))),
-    "finetune.layer_lr_decay": spec(st.floats(0, 1, exclude_min=True), wrong("int", "float"),
-                                    st.one_of(st.sampled_from([0, 0.0, 1.5, math.nan]), st.floats(max_value=0))),
     **{f"finetune.{k}": fraction() for k in ("warmup_ratio", "weight_decay", "dropout")},
     "finetune.length_group": pos_int(1000), "finetune.clip_blocks_per_sentence": pos_int(16),
     "finetune.precision": choice("auto", "bf16", "fp16", "no"), "finetune.compile": FLAG,
@@ -274,6 +286,7 @@ SCHEMA: dict[str, Spec] = {
                           st.dictionaries(NAME, EMPTY, min_size=1, max_size=1)),
 }
 SCHEMA["grounding.model"] = SCHEMA["grounding.baseline"]
+NEW_VARIANT = spec(overrides, wrong("dict", "none"))  # a variant entry of its own: no profile has an empty one
 
 
 def schema_key(path: tuple) -> str:
@@ -282,6 +295,8 @@ def schema_key(path: tuple) -> str:
         return "adapt.variants.*" if len(path) == 3 else "adapt." + ".".join(path[3:])
     if path[:2] == ("adapt", "baseline"):
         return "adapt." + ".".join(path[2:])
+    if path[0] == "families":  # a family's encoder_config merges into model's: the same keys
+        return "model." + ".".join(path[2:]) if path[2] == "encoder_config" else "families.*." + path[2]
     if path[:2] == ("finetune", "lr"):
         return f"finetune.lr.*.{path[3]}"
     if path[:2] == ("tasks", "train_sizes") and len(path) == 3:
@@ -305,11 +320,12 @@ def rules_kept(p: dict) -> bool:
         return False
     if t["source"] == "hub" and "read" in t["names"] and not t["read_path"].strip():
         return False
-    if any("electra" in pair for pair in p["pwcca"]["pairs"]) and not p["pwcca"]["electra"].strip():
+    if a["family"] not in p["families"] or not {x for pair in p["pwcca"]["pairs"] for x in pair} <= {*p["families"], "clip", "random"}:
         return False
     variants = list(a["variants"])
-    return (set(f["models"]) | set(f["ablations"]) <= {*variants, "baseline"} and set(f["full_models"]) <= set(variants)
-            and set(p["attention"]["variants"]) <= set(variants) and p["attention"]["task"] in t["names"]
+    return (set(f["models"]) <= {"baseline", "xdbert"} and set(f["full_models"]) <= {"xdbert"}
+            and set(f["ablations"]) <= {*variants, "baseline", "xdbert"}
+            and set(p["attention"]["variants"]) <= {*variants, "xdbert"} and p["attention"]["task"] in t["names"]
             and set(g["tasks"]) <= set(t["names"]) and g["examples_task"] in g["tasks"]
             and {g["baseline"], g["model"]} <= set(runs_of_every_grounding_task(p)))
 
@@ -348,7 +364,8 @@ def with_value(p: dict, path: tuple, value: Any) -> dict:
 
 
 def valid_value(data, p: dict, path: tuple) -> Any:
-    s = SCHEMA[schema_key(path)].valid(p, path)
+    key = schema_key(path)
+    s = (NEW_VARIANT if key == "adapt.variants.*" else SCHEMA[key]).valid(p, path)
     return data.draw(s.filter(lambda v: rules_kept(with_value(p, path, v))), label=".".join(path))
 
 
@@ -432,7 +449,9 @@ def unknown_key(p: dict) -> st.SearchStrategy:
     """(params `p` with one key or section that no stage reads, the key the error must name)."""
     adapt_keys = [k for k in P.KEYS["adapt"] if k not in ("variants", "baseline")]
     places = {  # where -> (the names known there, the key the error names; None: the new key itself)
-        (): ([*P.KEYS, "profile"], None), **{(section,): (keys, None) for section, keys in P.KEYS.items()},
+        (): ([*P.KEYS, "profile"], None), **{(section,): (keys, None) for section, keys in P.KEYS.items() if keys},
+        ("families",): (list(p["families"]), None),  # a new family that is no mapping
+        **{("families", name): (FAMILY_KEYS, f"families.{name}") for name in p["families"]},
         ("tasks", "train_sizes"): (TASK_NAMES, "tasks.train_sizes"), ("finetune", "lr"): (TASK_NAMES, "finetune.lr"),
         ("adapt", "loss_weights"): (LOSSES, "adapt.loss_weights"), ("adapt", "baseline"): (adapt_keys, "adapt.baseline"),
         **{("adapt", "variants", v): (adapt_keys, f"adapt.variants.{v}") for v in p["adapt"]["variants"]},
@@ -469,7 +488,7 @@ def test_random_valid_values_pass(workdir, key, data):
     for changed in [path, *data.draw(st.lists(st.sampled_from(others), max_size=3, unique=True))]:
         p = with_value(p, changed, valid_value(data, p, changed))
     if data.draw(st.booleans()):
-        name = data.draw(WORD.filter(lambda w: w not in p["adapt"]["variants"] and w != "baseline"))
+        name = data.draw(WORD.filter(lambda w: w not in p["adapt"]["variants"] and w not in ("baseline", "xdbert")))
         p = with_value(p, ("adapt", "variants", name), valid_value(data, p, ("adapt", "variants", name)))
     assert P.read_yaml_text(dump(p)) == p  # the file says what was drawn
     code, out, err = run_check(workdir, p)

@@ -56,14 +56,15 @@ def test_repro_runs_then_skips_then_reruns_only_what_changed(repo):
 
 
 def test_exp_run_with_more_epochs_reruns_adapt_only(repo):
-    first = sh("dvc", "repro", "adapt@mlm", cwd=repo)
-    assert {"pretrain_encoder", "pretrain_clip", "adapt@mlm"} <= ran(first)  # both towers' stand-ins come first
+    first = sh("dvc", "repro", "ablate@mlm", cwd=repo)
+    assert ran(first) >= {"pretrain_encoder@bert", "pretrain_clip", "ablate@mlm"}  # both towers' stand-ins come first
+    assert "pretrain_encoder@electra" not in ran(first)  # an ablation is `adapt.family`'s alone
     clip = yaml.safe_load((repo / "metrics/pretrain_clip.json").read_text())
     assert clip["steps"] == 20 and clip["last_lm_loss"] < clip["first_lm_loss"]
     sh("git", "add", "-A", cwd=repo)
     sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline run", cwd=repo)
-    log = sh("dvc", "exp", "run", "-S", "adapt.epochs=2", "adapt@mlm", cwd=repo)
-    assert ran(log) == {"adapt@mlm"}
+    log = sh("dvc", "exp", "run", "-S", "adapt.epochs=2", "ablate@mlm", cwd=repo)
+    assert ran(log) == {"ablate@mlm"}
     shown = sh("dvc", "exp", "show", "--csv", cwd=repo)
     assert "adapt.epochs" in shown and "valid_mlm_loss" in shown
     rows = [r for r in shown.splitlines() if r and not r.startswith("Experiment")]
@@ -71,14 +72,18 @@ def test_exp_run_with_more_epochs_reruns_adapt_only(repo):
 
 
 def test_the_whole_graph_runs_then_skips(repo):
-    """Every stage script runs under DVC (a stage no unit test drives end to end still gets run), the
-    reports and pictures exist and link each other, and a second `dvc repro` runs nothing."""
+    """Every stage script runs under DVC (a stage no unit test drives end to end still gets run), for both
+    families of the micro profile; the reports and pictures exist and link each other, and a second
+    `dvc repro` runs nothing."""
     first = sh("dvc", "repro", cwd=repo)
     stages = {s.split("@")[0] for s in ran(first)} | {s for s in ran(first)}
-    # pretrain_encoder and pretrain_clip ran, here or for adapt@mlm above
-    assert (repo / "models/pretrain_encoder/config.json").is_file()
+    # pretrain_encoder@bert and pretrain_clip ran, here or for ablate@mlm above
+    for family in ("bert", "electra"):
+        assert (repo / f"models/pretrain_encoder/{family}/config.json").is_file()
+        assert {f"adapt@{family}", f"adapt_baseline@{family}"} <= stages, first
+    assert json.loads((repo / "models/pretrain_encoder/electra/config.json").read_text())["model_type"] == "electra"
     assert (repo / "models/pretrain_clip/clip_config.json").is_file()
-    for name in ("tasks", "adapt_baseline", "aggregate", "pwcca", "grounding", "attention"):
+    for name in ("tasks", "pretrain_encoder@electra", "aggregate", "pwcca", "grounding", "attention"):
         assert name in stages, first
     assert "finetune" in stages
     for report in ("table1.md", "table2.md", "table3.md", "table8.md", "figure4.md", "attention.md"):
@@ -98,10 +103,17 @@ def test_the_whole_graph_runs_then_skips(repo):
     assert "Table 3's own protocol" in table3 and "lr 0.002 for every task, seeds 0, 1 on every task" in table3
     assert "2 per task (0, 1), RTE included" in table3 and "*wiki (14G), same steps*" in table3
     for task in ("rte", "cola"):
-        own = json.loads((repo / f"results/finetune/{task}/table3_xdbert/metrics.json").read_text())
+        own = json.loads((repo / f"results/finetune/{task}/bert/table3_xdbert/metrics.json").read_text())
         assert (own["protocol"], own["hyperparameters"]["lr"], own["seeds_list"]) == ("ablation", 2e-3, [0, 1])
-    table1 = json.loads((repo / "results/finetune/rte/xdbert/metrics.json").read_text())
+    table1 = json.loads((repo / "results/finetune/rte/bert/xdbert/metrics.json").read_text())
     assert (table1["protocol"], table1["seeds_list"]) == ("table1", [0, 1, 2])
+    # the second family: its own recipe, Table 1's rows and Table 8's, and no ablation runs
+    electra = json.loads((repo / "results/finetune/rte/electra/xdbert/metrics.json").read_text())
+    assert (electra["family"], electra["hyperparameters"]["layer_lr_decay"]) == ("electra", 0.8)
+    assert sorted(p.name for p in (repo / "results/finetune/rte/electra").iterdir()) == ["baseline", "full_xdbert", "xdbert"]
+    rows = [line.split(" | ")[0] for line in (repo / "reports/table1.md").read_text().splitlines() if line.startswith("| ")]
+    assert {"| CLIP-T", "| BERT-tiny", "| XDBERT-tiny", "| ELECTRA-micro", "| XDELECTRA-micro"} <= set(rows), rows
+    assert "| XELECTRA-micro | " in (repo / "reports/table8.md").read_text()
 
     again = sh("dvc", "repro", cwd=repo)
     assert ran(again) == set(), again
@@ -112,7 +124,7 @@ def test_the_whole_graph_runs_then_skips(repo):
     p["adapt"]["variants"]["one_cross"]["init_range"] = 0.03
     (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     changed = sh("dvc", "repro", cwd=repo)
-    assert {s for s in ran(changed) if s.startswith(("adapt", "pretrain", "dual", "corpus", "tasks"))} == {"adapt@one_cross"}
+    assert {s for s in ran(changed) if s.startswith(("adapt", "ablate", "pretrain", "dual", "corpus", "tasks"))} == {"ablate@one_cross"}
     assert "finetune" in ran(changed)
     for task in ("rte", "mrpc", "stsb", "cola"):
         trained = [line for line in changed.splitlines() if line.startswith(f"finetune {task}: ") and "runs reused" in line]

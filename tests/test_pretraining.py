@@ -120,12 +120,14 @@ def test_killed_pretraining_resumes_to_the_same_weights(tmp_path, capsys):
 def test_encoder_source_needs_the_stand_in_for_random_encoders(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert encoder_source("bert-base-uncased") == "bert-base-uncased"
-    with pytest.raises(PipelineError, match="run `dvc repro pretrain_encoder`"):
-        encoder_source("random:bert")
+    with pytest.raises(PipelineError, match=r"run `dvc repro pretrain_encoder@bert`"):
+        encoder_source("random:bert", family="bert")
     with pytest.raises(PipelineError, match="unknown encoder model type `notamodel`"):
-        encoder_source("random:notamodel")
-    tiny_model(30).save_pretrained(tmp_path / "models" / "pretrain_encoder")
-    assert encoder_source("random:bert") == "models/pretrain_encoder"
+        encoder_source("random:notamodel", family="bert")
+    tiny_model(30).save_pretrained(tmp_path / "models" / "pretrain_encoder" / "bert")
+    assert encoder_source("random:bert", family="bert") == "models/pretrain_encoder/bert"
+    with pytest.raises(PipelineError, match=r"missing models/pretrain_encoder/electra: family 'electra'"):
+        encoder_source("random:electra", family="electra")  # each family starts from its own stand-in
 
 
 def test_clip_stand_in_settings_check_only_what_it_trains_with():
@@ -150,12 +152,13 @@ def test_clip_stand_in_settings_check_only_what_it_trains_with():
         PretrainSettings.from_params(p)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("steps", 0, "`pretrain.steps` must be a positive integer; got 0"),
-    ("lr", -1, "`pretrain.lr` must be a positive number; got -1"),
-    ("restate_mask_prob", 1.5, "`pretrain.restate_mask_prob`"),
+@pytest.mark.parametrize("family, key, value, message", [
+    ("bert", "steps", 0, "`pretrain.steps` must be a positive integer; got 0"),
+    ("bert", "lr", -1, "`pretrain.lr` must be a positive number; got -1"),
+    ("bert", "restate_mask_prob", 1.5, "`pretrain.restate_mask_prob`"),
+    ("roberta", "seed", 0, "unknown family 'roberta'; the study's families (`families`): bert"),
 ])
-def test_stage_rejects_bad_params_and_keeps_the_previous_output(tmp_path, monkeypatch, capsys, key, value, message):
+def test_stage_rejects_bad_params_and_keeps_the_previous_output(tmp_path, monkeypatch, capsys, family, key, value, message):
     import runpy
     import sys
     from pathlib import Path
@@ -166,11 +169,11 @@ def test_stage_rejects_bad_params_and_keeps_the_previous_output(tmp_path, monkey
     params = values("embedded")
     params["pretrain"][key] = value
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
-    previous = tmp_path / "models" / "pretrain_encoder"
+    previous = tmp_path / "models" / "pretrain_encoder" / family
     previous.mkdir(parents=True)
     (previous / "config.json").write_text("previous output\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["stages/pretrain_encoder.py"])
+    monkeypatch.setattr(sys, "argv", ["stages/pretrain_encoder.py", family])
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(root / "stages" / "pretrain_encoder.py"), run_name="__main__")
     assert exit_info.value.code == 2

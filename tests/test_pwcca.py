@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import scipy.stats
+import yaml
 
 from xdbert.analysis import pwcca as P
 from xdbert.errors import PipelineError
@@ -188,19 +189,18 @@ def test_uniform_noise_is_seeded():
 
 def test_pairwise_rejects_unknown_system():
     x, y = views()
-    out = P.pairwise({"encoder": x, "clip": y}, [("encoder", "clip")])
-    assert 0 < out[("encoder", "clip")].value < 1
+    out = P.pairwise({"bert": x, "clip": y}, [("bert", "clip")])
+    assert 0 < out[("bert", "clip")].value < 1
     with pytest.raises(PipelineError, match="unknown PWCCA system 'electra'"):
-        P.pairwise({"encoder": x}, [("encoder", "electra")])
+        P.pairwise({"bert": x}, [("bert", "electra")])
 
 
 # ----------------------------------------------------------------------------------------------------
-# The stage, end to end on local files (the paper profile's ELECTRA loader pointed at a local folder)
+# The stage, end to end on local files (a hub family's encoder pointed at a local folder)
 # ----------------------------------------------------------------------------------------------------
 
 def load_stage(name):
     import importlib.util
-    from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "stages" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"stage_{name}", path)
@@ -209,61 +209,119 @@ def load_stage(name):
     return module
 
 
-def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
-    import json
+TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
 
-    import yaml
-    from transformers import BertTokenizer, ElectraConfig, ElectraModel
+
+def tiny_study(root: Path, profile: str, families: dict, pairs: list) -> dict:
+    """Under `root`: models/tokenizer over 400 words CLIP's BPE also has, the CLIP tower of `pretrain_clip`,
+    and params.yaml with `families` and `pwcca.pairs`; returns the params."""
+    from transformers import BertTokenizer
 
     from xdbert.clip import clip_tokenizer
     from xdbert.model.clip_tower import CLIPTextTower
-    from xdbert.model.encoders import build_masked_lm
     from xdbert.model.saving import save_clip_tower
 
     clip_words = sorted(P.clip_bpe_words(clip_tokenizer("xdbert-tiny").encoder).items(), key=lambda kv: kv[1])
-    words = [w for w, _ in clip_words[:400]]
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "##s", "."] + words)}
-    BertTokenizer(vocab=vocab, do_lower_case=True).save_pretrained(tmp_path / "models" / "tokenizer")
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "##s", "."] + [w for w, _ in clip_words[:400]]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    BertTokenizer(vocab=vocab, do_lower_case=True).save_pretrained(root / "models" / "tokenizer")
+    save_clip_tower(CLIPTextTower.build("xdbert-tiny"), root / PRETRAIN_CLIP, "xdbert-tiny")
+    params = {
+        "profile": profile,
+        "model": {"encoder": "random:bert", "encoder_config": TINY, "clip": "xdbert-tiny", "clip_pretrained": "", "seed": 0},
+        "families": families,
+        "pwcca": {"clip_tower": "", "eps": 1e-6, "convention": "svcca", "weight_by": "smaller", "min_words_ratio": 5,
+                  "seed": 0, "pairs": pairs},
+    }
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return params
+
+
+def stand_in(root: Path, family: str, encoder: str, config: dict, vocab_size: int) -> None:
+    """What pretrain_encoder@<family> leaves for a random: encoder (untrained here: the tests check the table's machinery)."""
+    from xdbert.model.encoders import build_masked_lm
+
+    build_masked_lm(encoder, config, vocab_size).save_pretrained(root / PRETRAIN_ENCODER / family)
+
+
+def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
+    from transformers import BertTokenizer, ElectraConfig, ElectraModel
+
     electra_dir = tmp_path / "electra"
+    params = tiny_study(tmp_path, "paper", {
+        "bert-b": {"label": "BERT-b", "size": "base", "layer_lr_decay": 1.0},
+        "electra-b": {"label": "ELECTRA-b", "encoder": str(electra_dir), "size": "base", "layer_lr_decay": 0.8},
+        # not in the pairs, so never loaded: a folder that does not exist would fail the stage
+        "electra-l": {"label": "ELECTRA-l", "encoder": str(tmp_path / "absent"), "size": "large", "layer_lr_decay": 0.9},
+    }, [["bert-b", "electra-b"], ["bert-b", "clip"], ["electra-b", "clip"], ["bert-b", "random"]])
+    vocab = BertTokenizer.from_pretrained(tmp_path / "models" / "tokenizer").get_vocab()
     ElectraModel(ElectraConfig(vocab_size=len(vocab), embedding_size=24, hidden_size=32, num_hidden_layers=1,
                                num_attention_heads=2, intermediate_size=64)).save_pretrained(electra_dir)
     BertTokenizer(vocab=vocab, do_lower_case=True).save_pretrained(electra_dir)
-    params = {
-        "profile": "paper",
-        "model": {"encoder": "random:bert", "encoder_config": {"hidden_size": 32, "num_hidden_layers": 1,
-                  "num_attention_heads": 2, "intermediate_size": 64}, "clip": "xdbert-tiny", "clip_pretrained": "", "seed": 0},
-        "pwcca": {"electra": str(electra_dir), "clip_tower": "", "eps": 1e-6, "convention": "svcca",
-                  "weight_by": "smaller", "min_words_ratio": 5, "seed": 0,
-                  "pairs": [["encoder", "electra"], ["encoder", "clip"], ["electra", "clip"], ["encoder", "random"]]},
-    }
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    # what pretrain_encoder leaves for a random:bert encoder (untrained here: the test checks the table's machinery)
-    build_masked_lm("random:bert", params["model"]["encoder_config"], len(vocab)).save_pretrained(
-        tmp_path / PRETRAIN_ENCODER)
-    # and what the `pretrain_clip` stage leaves: the CLIP tower adaptation starts from
-    save_clip_tower(CLIPTextTower.build("xdbert-tiny"), tmp_path / PRETRAIN_CLIP, "xdbert-tiny")
+    stand_in(tmp_path, "bert-b", "random:bert", TINY, len(vocab))
     monkeypatch.chdir(tmp_path)
     load_stage("pwcca").main()
 
     out = json.loads((tmp_path / "results" / "pwcca.json").read_text())
     assert out["shared_words"] == 400
-    pairs = {(r["a"], r["b"]): r for r in out["pairs"].values()}
-    assert set(out["pairs"]) == {"encoder/electra", "encoder/clip", "electra/clip", "encoder/random"}
-    assert pairs[("encoder", "clip")]["widths"] == [32, 64]
-    assert pairs[("electra", "clip")]["widths"] == [24, 64]  # ELECTRA's embedding width, not its hidden size
-    assert pairs[("encoder", "random")]["paper"] == 0.3569
+    assert set(out["pairs"]) == {"bert-b/electra-b", "bert-b/clip", "electra-b/clip", "bert-b/random"}
+    assert out["systems"] == {"bert-b": "BERT-b (random:bert)", "electra-b": f"ELECTRA-b ({electra_dir})",
+                              "clip": "CLIP (CLIP-T xdbert-tiny)", "random": "RANDOM (U[-1, 1) noise shaped like BERT-b's rows)"}
+    pairs = out["pairs"]
+    assert pairs["bert-b/clip"]["widths"] == [32, 64]
+    assert pairs["electra-b/clip"]["widths"] == [24, 64]  # ELECTRA's embedding width, not its hidden size
+    assert {k: r["paper"] for k, r in pairs.items()} == {"bert-b/electra-b": 0.5498, "bert-b/clip": 0.498,
+                                                         "electra-b/clip": 0.4645, "bert-b/random": 0.3569}
     assert all(0 < r["pwcca"] < 1 for r in pairs.values())
     md = (tmp_path / "reports" / "table2.md").read_text()
-    assert "| L/CLIP |" in md and "| 0.498 |" in md and "| ELECTRA/CLIP |" in md and "400 shared words" in md
+    assert "| BERT-b/CLIP |" in md and "| 0.4980 |" in md and "| ELECTRA-b/CLIP |" in md and "400 shared words" in md
+    assert "| BERT-b/ELECTRA-b |" in md and "| BERT-b/RANDOM |" in md and "ELECTRA-l" not in md
     assert out["convention"] == "svcca" and "**svcca** convention: google/svcca's `compute_pwcca`" in md
 
     params["pwcca"]["min_words_ratio"] = 20  # 400 words < 20 x 64
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(PipelineError, match="400 shared words.*widths"):
         load_stage("pwcca").main()
-    params["pwcca"]["electra"] = ""
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    with pytest.raises(PipelineError, match="`pwcca.electra` is empty"):
+
+
+def test_stage_compares_two_random_families_through_their_stand_ins(tmp_path, monkeypatch):
+    from transformers import AutoModel, BertTokenizer
+
+    from xdbert.clip import clip_tokenizer
+
+    electra_config = {**TINY, "embedding_size": 24}
+    tiny_study(tmp_path, "embedded", {
+        "bert": {"label": "BERT-tiny", "size": "base", "layer_lr_decay": 1.0},
+        "electra": {"label": "ELECTRA-tiny", "encoder": "random:electra", "encoder_config": {"embedding_size": 24},
+                    "size": "base", "layer_lr_decay": 0.8},
+    }, [["bert", "electra"], ["bert", "clip"], ["electra", "clip"], ["electra", "random"]])
+    vocab = BertTokenizer.from_pretrained(tmp_path / "models" / "tokenizer").get_vocab()
+    stand_in(tmp_path, "bert", "random:bert", TINY, len(vocab))
+    stand_in(tmp_path, "electra", "random:electra", electra_config, len(vocab))
+    monkeypatch.chdir(tmp_path)
+    load_stage("pwcca").main()
+
+    out = json.loads((tmp_path / "results" / "pwcca.json").read_text())
+    pairs = out["pairs"]
+    assert out["shared_words"] == 400 and set(pairs) == {"bert/electra", "bert/clip", "electra/clip", "electra/random"}
+    assert pairs["bert/electra"]["widths"] == [32, 24]  # the family's own encoder_config, merged over `model`'s
+    assert pairs["electra/random"]["widths"] == [24, 32]  # RANDOM is shaped like the first family the pairs name
+    assert all(r["paper"] is None for r in pairs.values())  # not the paper profile: no paper column
+    # the stand-ins' own embedding rows, over the shared words, are what was compared
+    words = P.wordpiece_words(vocab)
+    shared = P.shared_words({"bert": words, "clip": P.clip_bpe_words(clip_tokenizer("xdbert-tiny").encoder)})
+    rows = {f: P.embedding_rows(AutoModel.from_pretrained(tmp_path / PRETRAIN_ENCODER / f).get_input_embeddings().weight
+                                .detach().numpy(), words, shared) for f in ("bert", "electra")}
+    assert pairs["bert/electra"]["pwcca"] == pytest.approx(P.pwcca(rows["bert"], rows["electra"]).value, abs=1e-6)
+    noise = P.uniform_noise((400, 32), 0)
+    assert pairs["electra/random"]["pwcca"] == pytest.approx(P.pwcca(rows["electra"], noise).value, abs=1e-6)
+    md = (tmp_path / "reports" / "table2.md").read_text()
+    assert "| BERT-tiny/ELECTRA-tiny |" in md and "| ELECTRA-tiny/RANDOM |" in md and "paper |" not in md
+    assert ("Systems: BERT-tiny (random:bert); ELECTRA-tiny (random:electra); CLIP (CLIP-T xdbert-tiny); "
+            "RANDOM (U[-1, 1) noise shaped like BERT-tiny's rows).") in md
+
+    (tmp_path / PRETRAIN_ENCODER / "electra" / "config.json").unlink()  # pretrain_encoder@electra has not run
+    with pytest.raises(PipelineError, match=r"pretrain_encoder/electra.*dvc repro pretrain_encoder@electra"):
         load_stage("pwcca").main()
 
 
@@ -271,40 +329,66 @@ def test_stage_writes_table2_with_paper_values(tmp_path, monkeypatch):
 # The `pwcca` params
 # ----------------------------------------------------------------------------------------------------
 
-def pwcca_params(**overrides) -> dict:
-    params = values("embedded")
+def pwcca_params(profile="embedded", **overrides) -> dict:
+    params = values(profile)
     params["pwcca"].update(overrides)
     return params
 
 
 def test_settings_from_the_embedded_profile():
     s = P.PwccaSettings.from_params(values("embedded"))
-    assert s.pairs == (("encoder", "clip"), ("encoder", "random"), ("clip", "random"))
-    assert s.systems == {"encoder", "clip", "random"} and s.electra is None  # read only when a pair uses it
+    assert s.pairs == (("bert", "clip"), ("bert", "random"), ("clip", "random"))
+    assert s.systems == ("bert", "clip", "random") and s.families == ("bert",)
     assert (s.eps, s.weight_by, s.min_words_ratio, s.seed, s.clip_tower) == (1e-6, "smaller", 5.0, 0, "")
     paper = P.PwccaSettings.from_params(values("paper"))
-    assert paper.electra == "google/electra-base-discriminator" and ("encoder", "electra") in paper.pairs
+    assert paper.pairs == (("bert-b", "electra-b"), ("bert-b", "clip"), ("electra-b", "clip"), ("bert-b", "random"))
+    assert paper.families == ("bert-b", "electra-b")  # electra-l is in no pair: not loaded
     assert paper.convention == "svcca"  # the reference's, as the paper most likely computed Table 2
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"pairs": []}, "`pwcca.pairs` must be a non-empty list of [a, b] pairs of encoder, electra, clip, random"),
-    ({"pairs": [["encoder", "encoder"]]}, "entry ['encoder', 'encoder'] of `pwcca.pairs` must be two different systems"),
-    ({"pairs": [["encoder", "bert"]]}, "unknown entry of `pwcca.pairs entry` 'bert'"),
-    ({"pairs": [["encoder", "electra"]]}, "`pwcca.pairs` uses `electra` but `pwcca.electra` is empty"),
-    ({"eps": -1}, "`pwcca.eps` must be a number >= 0; got -1"),
-    ({"eps": "small"}, "`pwcca.eps` must be a number >= 0; got 'small'"),
-    ({"eps": float("nan")}, "`pwcca.eps` must be a number >= 0; got nan"),
-    ({"electra": 5}, "`pwcca.electra` must be an ELECTRA hub id or folder, or \"\" for none; got 5"),
-    ({"clip_tower": ["models"]}, "`pwcca.clip_tower` must be a saved CLIP tower folder"),
-    ({"weight_by": "z"}, "unknown pwcca.weight_by 'z'; allowed: x, y, smaller"),
-    ({"convention": "morcos"}, "unknown pwcca.convention 'morcos'; allowed: svcca, whitened"),
-    ({"min_words_ratio": 0}, "`pwcca.min_words_ratio` must be a positive number"),
-    ({"seed": -2}, "`pwcca.seed` must be a non-negative integer"),
-    ({"clip_tower": "models/nothing"}, "`pwcca.clip_tower: models/nothing` is not a saved CLIP tower folder"),
+def test_random_is_shaped_like_the_first_family_the_pairs_name():
+    p = pwcca_params("paper", pairs=[["clip", "random"], ["electra-l", "random"], ["bert-b", "electra-l"]])
+    assert P.PwccaSettings.from_params(p).families == ("electra-l", "bert-b")
+    # no family in the pairs: the study's first, loaded for its shape (and its words)
+    assert P.PwccaSettings.from_params(pwcca_params("paper", pairs=[["clip", "random"]])).families == ("bert-b",)
+
+
+def test_the_paper_values_go_by_the_families_labels():
+    r = P.PWCCAResult(0.5, np.ones(2) / 2, np.ones(2), "x", "svcca")
+    v = {k: np.zeros((3, 2)) for k in ("b", "e", "l", "clip", "random")}
+    labels = P.system_labels({"b": "BERT-b", "e": "ELECTRA-b", "l": "ELECTRA-l"})
+    pairs = [("e", "b"), ("clip", "e"), ("b", "random"), ("l", "clip"), ("e", "random")]
+    rows = P.table2_rows({pair: r for pair in pairs}, v, 3, labels, paper=True)
+    assert [row["paper"] for row in rows] == [0.5498, 0.4645, 0.3569, None, None]  # either order; the paper has no others
+    assert all(row["paper"] is None for row in P.table2_rows({pair: r for pair in pairs}, v, 3, labels, paper=False))
+
+
+@pytest.mark.parametrize("profile, overrides, message", [
+    ("embedded", {"pairs": []}, "`pwcca.pairs` must be a non-empty list of [a, b] pairs, each a family of `families` (bert), clip or random"),
+    ("embedded", {"pairs": [["bert", "bert"]]}, "entry ['bert', 'bert'] of `pwcca.pairs` must be two different systems, e.g. [bert, clip]"),
+    ("embedded", {"pairs": [["bert", "electra-b"]]},
+     "unknown system 'electra-b' in `pwcca.pairs`; allowed: a family of `families` (bert), clip or random"),
+    ("paper", {"pairs": [["bert-b", "clip"], ["encoder", "electra"]]},
+     "unknown system 'encoder' in `pwcca.pairs`; allowed: a family of `families` (bert-b, electra-b, electra-l), clip or random"),
+    ("paper", {"pairs": [["bert-b", ["clip"]]]}, "unknown system ['clip'] in `pwcca.pairs`"),
+    ("embedded", {"eps": -1}, "`pwcca.eps` must be a number >= 0; got -1"),
+    ("embedded", {"eps": "small"}, "`pwcca.eps` must be a number >= 0; got 'small'"),
+    ("embedded", {"eps": float("nan")}, "`pwcca.eps` must be a number >= 0; got nan"),
+    ("embedded", {"clip_tower": ["models"]}, "`pwcca.clip_tower` must be a saved CLIP tower folder"),
+    ("embedded", {"weight_by": "z"}, "unknown pwcca.weight_by 'z'; allowed: x, y, smaller"),
+    ("embedded", {"convention": "morcos"}, "unknown pwcca.convention 'morcos'; allowed: svcca, whitened"),
+    ("embedded", {"min_words_ratio": 0}, "`pwcca.min_words_ratio` must be a positive number"),
+    ("embedded", {"seed": -2}, "`pwcca.seed` must be a non-negative integer"),
+    ("embedded", {"clip_tower": "models/nothing"}, "`pwcca.clip_tower: models/nothing` is not a saved CLIP tower folder"),
 ])
-def test_settings_errors_name_the_key(overrides, message):
+def test_settings_errors_name_the_key(profile, overrides, message):
     with pytest.raises(PipelineError) as e:
-        P.PwccaSettings.from_params(pwcca_params(**overrides))
+        P.PwccaSettings.from_params(pwcca_params(profile, **overrides))
     assert message in str(e.value)
 
+
+def test_a_family_named_like_a_pwcca_system_is_refused():
+    p = values("embedded")
+    p["families"]["clip"] = p["families"]["bert"]
+    with pytest.raises(PipelineError, match=r"`families` has the name 'clip', which `pwcca.pairs` reads as one of its own"):
+        P.PwccaSettings.from_params(p)

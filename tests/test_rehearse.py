@@ -43,8 +43,9 @@ def test_every_asset_is_pinned_at_a_made_up_commit_in_the_real_layout(out, offli
     names = [(a["key"], a["repo_id"]) for a in offline["assets"]]
     assert names == [("corpus.hub_id", "Salesforce/wikitext"), ("tasks.glue_hub_id", "nyu-mll/glue"),
                      ("tasks.swag_hub_id", "allenai/swag"), ("model.encoder", "bert-base-uncased"),
-                     ("model.clip_pretrained", "timm/vit_base_patch32_clip_224.openai"),
-                     ("pwcca.electra", "google/electra-base-discriminator")]
+                     ("families.electra-b.encoder", "google/electra-base-discriminator"),
+                     ("families.electra-l.encoder", "google/electra-large-discriminator"),
+                     ("model.clip_pretrained", "timm/vit_base_patch32_clip_224.openai")]
     for a in offline["assets"]:
         repo = out / rehearse.CACHE / "hub" / repo_folder_name(repo_id=a["repo_id"], repo_type=a["repo_type"])
         assert len(a["revision"]) == 40 and int(a["revision"], 16) >= 0

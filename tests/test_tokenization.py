@@ -28,8 +28,8 @@ from xdbert.data.tokenization.cleaning import _BADNESS_REACH, _looks_bad, clean_
 from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
 from xdbert.data.tokenization.dual import DualTokenizer
 from xdbert.data.tokenization.pool import tokenize_docs
-from xdbert.data.tokenization.vocab import (BERT_SPECIALS, encoder_positions, load_encoder_tokenizer, train_wordpiece,
-                                            vocab_hash)
+from xdbert.data.tokenization.vocab import (BERT_SPECIALS, check_shared_vocabulary, encoder_positions,
+                                            load_encoder_tokenizer, train_wordpiece, vocab_hash)
 from xdbert.data.tokenization.windows import (Layout, alignment_problem, clip_attention_mask, clip_blocks, clip_content,
                                               concat_windows)
 from xdbert.errors import PipelineError
@@ -548,3 +548,16 @@ def test_stage_script_exits_2_with_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr.startswith("error: `tokenize.max_len`") and r.stderr.count("\n") == 1, r.stderr
     assert not (root / "data" / "shards").exists()
+
+
+def test_a_family_must_share_the_shards_vocabulary(tmp_path):
+    """ELECTRA reads BERT-uncased's shards because its vocabulary is BERT-uncased's, id for id; an encoder
+    with a vocabulary of its own would read other words out of every id, so the adaptation refuses it."""
+    texts = ["the river runs past the quiet stone table"] * 5
+    train_wordpiece(texts, 60, 64).save_pretrained(str(tmp_path / "shards"))
+    train_wordpiece(texts, 60, 64).save_pretrained(str(tmp_path / "same"))
+    train_wordpiece(["completely different words for another vocabulary"] * 5, 60, 64).save_pretrained(str(tmp_path / "other"))
+    check_shared_vocabulary(str(tmp_path / "same"), "electra", tmp_path / "shards")
+    check_shared_vocabulary("random:electra", "electra", tmp_path / "shards")  # built on the shards' own vocabulary
+    with pytest.raises(PipelineError, match=r"family 'electra''s encoder `.*other` has its own vocabulary .* must share one"):
+        check_shared_vocabulary(str(tmp_path / "other"), "electra", tmp_path / "shards")

@@ -5,7 +5,7 @@
 1. Builds the pipeline in a fresh git + DVC repository (DIR, default a temporary folder) with the micro
    profile and runs `dvc repro` once, uninterrupted: the reference. Every declared output of dvc.yaml
    (outs, metrics, plots) is hashed.
-2. Kills: for a stage (dual_tokenize, adapt@xdbert, finetune, aggregate) and a random moment of its
+2. Kills: for a stage (dual_tokenize, adapt@bert, finetune, aggregate) and a random moment of its
    run (for the stages that checkpoint, every other kill comes shortly after a checkpoint is saved, in
    the middle of training), `dvc repro --force --single-item STAGE` runs in its own process group, which
    gets SIGKILL at that moment. Then every declared output must be absent or equal to the reference; the stage run again
@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from xdbert import paths, profiles  # noqa: E402
 
-KILL_STAGES = ("dual_tokenize", "adapt@xdbert", "finetune", "aggregate")
-CHECKPOINTS = {"adapt@xdbert": "checkpoints/adapt/xdbert.pt", "finetune": "checkpoints/runs/*.pt"}
+KILL_STAGES = ("dual_tokenize", "adapt@bert", "finetune", "aggregate")
+CHECKPOINTS = {"adapt@bert": "checkpoints/adapt/bert/xdbert.pt", "finetune": "checkpoints/runs/*.pt"}
 # What a rerun that picked up the killed run's work prints: adaptation's checkpoint, or finetuning runs reused
 RESUMED = re.compile(r"resuming from|\b[1-9][0-9]* of [0-9]+ runs reused")
 SHORT_DAMAGE = ("truncated task parquet", "flipped byte in an Arrow shard", "missing shard manifest",
@@ -233,9 +233,9 @@ class Campaign:
         shutil.rmtree(backup.parent, ignore_errors=True)
 
     def adapt_checkpoint(self) -> None:
-        """A real checkpoint of adapt@xdbert: the stage killed once its first checkpoint is saved."""
-        ckpt = self.repo / "checkpoints/adapt/xdbert.pt"
-        proc = subprocess.Popen([sys.executable, "stages/adapt.py", "xdbert"], cwd=self.repo, env=env_for(self.repo),
+        """A real checkpoint of adapt@bert: the stage killed once its first checkpoint is saved."""
+        ckpt = self.repo / "checkpoints/adapt/bert/xdbert.pt"
+        proc = subprocess.Popen([sys.executable, "stages/adapt.py", "bert", "xdbert"], cwd=self.repo, env=env_for(self.repo),
                                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         t0 = time.time()
         while not ckpt.is_file() and proc.poll() is None and time.time() - t0 < 300:
@@ -243,7 +243,7 @@ class Campaign:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         if not ckpt.is_file():
-            raise SystemExit("adapt@xdbert saved no checkpoint to damage")
+            raise SystemExit("adapt@bert saved no checkpoint to damage")
 
     def disk_full(self, stage_cmd: list[str], folder: str) -> None:
         """Run `stage_cmd` with `folder` (holding its outputs) on a tmpfs with almost no room left."""
@@ -296,16 +296,16 @@ echo "$keep"
 DAMAGE = [  # name, path, how, the stage that reads it
     ("truncated task parquet", "data/tasks/rte/train.parquet", "truncate", ["stages/finetune.py"]),
     ("flipped byte in a task parquet", "data/tasks/mrpc/dev.parquet", "flip", ["stages/finetune.py"]),
-    ("flipped byte in an Arrow shard", "data/shards/train/shard-00000.arrow", "flip", ["stages/adapt.py", "mlm"]),
-    ("missing shard manifest", "data/shards/manifest.json", "delete", ["stages/adapt.py", "mlm"]),
-    ("edited adapt checkpoint", "checkpoints/adapt/xdbert.pt", "flip", ["stages/adapt.py", "xdbert"]),
-    ("truncated adapt checkpoint", "checkpoints/adapt/xdbert.pt", "truncate", ["stages/adapt.py", "xdbert"]),
+    ("flipped byte in an Arrow shard", "data/shards/train/shard-00000.arrow", "flip", ["stages/adapt.py", "bert", "mlm"]),
+    ("missing shard manifest", "data/shards/manifest.json", "delete", ["stages/adapt.py", "bert", "mlm"]),
+    ("edited adapt checkpoint", "checkpoints/adapt/bert/xdbert.pt", "flip", ["stages/adapt.py", "bert", "xdbert"]),
+    ("truncated adapt checkpoint", "checkpoints/adapt/bert/xdbert.pt", "truncate", ["stages/adapt.py", "bert", "xdbert"]),
     ("truncated corpus", "data/corpus/train.parquet", "truncate", ["stages/dual_tokenize.py"]),
-    ("missing tokenizer", "models/tokenizer/tokenizer.json", "delete", ["stages/adapt.py", "mlm"]),
-    ("invalid encoder config", "models/pretrain_encoder/config.json", "garbage", ["stages/adapt.py", "mlm"]),
-    ("truncated adapted weights", "models/adapted/mlm/model.safetensors", "truncate", ["stages/finetune.py"]),
+    ("missing tokenizer", "models/tokenizer/tokenizer.json", "delete", ["stages/adapt.py", "bert", "mlm"]),
+    ("invalid encoder config", "models/pretrain_encoder/bert/config.json", "garbage", ["stages/adapt.py", "bert", "mlm"]),
+    ("truncated adapted weights", "models/adapted/bert/mlm/model.safetensors", "truncate", ["stages/finetune.py"]),
     ("invalid adaptation metrics", "metrics/adapt/mlm_match.json", "garbage", ["stages/aggregate.py"]),
-    ("truncated predictions", "results/finetune/rte/mlm/predictions.parquet", "truncate", ["stages/aggregate.py"]),
+    ("truncated predictions", "results/finetune/rte/bert/mlm/predictions.parquet", "truncate", ["stages/aggregate.py"]),
     ("invalid params.yaml", "params.yaml", "garbage", ["stages/aggregate.py"]),
     ("missing adaptation metrics", "metrics/adapt/mlm.json", "delete", ["stages/aggregate.py"]),
 ]

@@ -56,7 +56,7 @@ def hub_assets(p: dict) -> list[Asset]:
     from xdbert.clip import clip_weights_repo  # open_clip: only when the assets are listed
 
     revisions = requested_revisions(p)
-    model, corpus, tasks, pwcca, grounding = (P.section(p, k) for k in ("model", "corpus", "tasks", "pwcca", "grounding"))
+    model, corpus, tasks, families, grounding = (P.section(p, k) for k in ("model", "corpus", "tasks", "families", "grounding"))
     named: list[tuple[str, str, str]] = []
     if corpus["source"] == "hub":
         named.append(("corpus.hub_id", corpus["hub_id"], "dataset"))
@@ -67,12 +67,11 @@ def hub_assets(p: dict) -> list[Asset]:
             named.append(("tasks.swag_hub_id", tasks["swag_hub_id"], "dataset"))
         if "read" in tasks["names"] and not tasks["read_path"].endswith(".csv"):
             named.append(("tasks.read_path", tasks["read_path"], "dataset"))
-    named.append(("model.encoder", model["encoder"], "model"))
+    named.append(("model.encoder", model["encoder"], "model"))  # the tokenizer's, and every family's that names none
+    named += [(f"families.{name}.encoder", entry["encoder"], "model") for name, entry in families.items() if "encoder" in entry]
     clip_repo = clip_weights_repo(model["clip"], model["clip_pretrained"])
     if clip_repo:
         named.append(("model.clip_pretrained", clip_repo, "model"))
-    if any("electra" in pair for pair in pwcca["pairs"]):
-        named.append(("pwcca.electra", pwcca["electra"], "model"))
     captions = grounding["captions"]
     if captions != "generated" and not captions.endswith(".json"):
         named.append(("grounding.captions", captions, "dataset"))

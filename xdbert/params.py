@@ -25,21 +25,22 @@ KEYS = {
     "tasks": ("source", "names", "train_size", "train_sizes", "dev_size", "read_path", "read_dev_fraction",
               "glue_hub_id", "swag_hub_id", "seed"),
     "model": ("encoder", "encoder_config", "clip", "clip_pretrained", "seed"),
+    "families": None,  # family names -> their settings (xdbert.model.settings.Family), checked there
     "hub": ("revisions",),
     "tokenize": ("vocab_size", "max_len", "n_blocks", "shard_windows", "max_overflow", "validate_windows", "workers"),
     "pretrain": ("steps", "batch_size", "lr", "mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay",
                  "max_len", "checkpoint_every", "seed", "clip_steps"),
-    "adapt": ("variants", "baseline", "losses", "cross_layers", "clip_heads", "placeholder", "freeze_clip",
+    "adapt": ("family", "variants", "baseline", "losses", "cross_layers", "clip_heads", "placeholder", "freeze_clip",
               "mlm_negatives", "loss_weights", "init_range", "cliptc_vocab", "epochs", "lr", "warmup_ratio",
               "weight_decay", "batch_size", "micro_batch_size", "mlm_prob", "match_prob", "cliptc_prob",
               "checkpoint_every", "eval_windows", "precision", "compile", "seed"),
-    "pwcca": ("electra", "clip_tower", "pairs", "eps", "convention", "weight_by", "min_words_ratio", "seed"),
+    "pwcca": ("clip_tower", "pairs", "eps", "convention", "weight_by", "min_words_ratio", "seed"),
     "grounding": ("tasks", "baseline", "model", "threshold", "captions", "captions_hub_split", "captions_hub_column",
                   "n_captions", "seed", "stopwords", "examples_task", "examples_per_class"),
     "attention": ("variants", "task", "index", "max_len", "clip_blocks_per_sentence", "windows", "batch_size"),
     "finetune": ("lr", "models", "ablations", "ablation_tasks", "ablation_lr", "ablation_seeds", "full_models",
                  "clip_tasks", "seeds", "rte_seeds", "epochs", "warmup_ratio", "batch_size", "eval_batch_size",
-                 "max_len", "weight_decay", "layer_lr_decay", "length_group", "clip_blocks_per_sentence", "dropout",
+                 "max_len", "weight_decay", "length_group", "clip_blocks_per_sentence", "dropout",
                  "precision", "compile"),
     "aggregate": ("n_boot", "seed"),
 }
@@ -93,7 +94,7 @@ def check_keys(params: dict) -> None:
             continue
         if name not in KEYS:
             raise PipelineError(f"unknown section `{name}` in params.yaml{_closest(name, KEYS)}; allowed: profile, {', '.join(KEYS)}")
-        for key in sec if isinstance(sec, dict) else ():
+        for key in sec if isinstance(sec, dict) and KEYS[name] is not None else ():
             if key not in KEYS[name]:
                 raise PipelineError(f"unknown param `{name}.{key}`{_closest(key, KEYS[name], name + '.')}; "
                                     f"`{name}` has: {', '.join(KEYS[name])}")
@@ -174,18 +175,22 @@ def non_negative(value: Any, key: str) -> int:
     return value
 
 
-VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # a stage's `@<name>`, a folder and a params key: no dots, no slashes
+BASELINE = "baseline"   # the MLM-only adaptation of every family (`adapt.baseline`)
+PROPOSED = "xdbert"     # the proposed adaptation of every family: the `adapt` defaults as they are
 
 
 def variant_names(params: dict) -> list[str]:
-    """The names of `adapt.variants`, checked. A name is a stage (`adapt@<name>`) and a folder
-    (models/adapted/<name>), so a plain word, and never `baseline`, the MLM-only run's own name."""
+    """The names of `adapt.variants` (the ablations), checked. A name is a stage (`ablate@<name>`) and a
+    folder (models/adapted/<family>/<name>), so a plain word, and never `baseline` or `xdbert`, the
+    adaptations every family has."""
     variants = get(section(params, "adapt"), "variants", "adapt")
     if not isinstance(variants, dict):
         raise PipelineError(f"`adapt.variants` must map variant names to the adapt keys they change, e.g. "
-                            f"{{xdbert: {{}}, mlm: {{losses: [mlm]}}}}; got {variants!r}")
+                            f"{{mlm: {{losses: [mlm]}}}}; got {variants!r}")
     for name in variants:
-        if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name) or name == "baseline":
+        if not isinstance(name, str) or not NAME.fullmatch(name) or name in (BASELINE, PROPOSED):
             raise PipelineError(f"`adapt.variants` has the name {name!r}: a variant's name must be letters, digits, _ and - "
-                                f"(it names the stage adapt@<name> and its folders), and not `baseline`")
+                                f"(it names the stage ablate@<name> and its folders), and not `{BASELINE}` or `{PROPOSED}` "
+                                f"(every family's own adaptations)")
     return list(variants)

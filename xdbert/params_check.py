@@ -2,7 +2,7 @@
 
 Each stage checks the sections it reads when it starts (its settings object), so a bad value in the params of
 a late stage would show only when `dvc repro` reaches it, hours in. This runs all of those checks in a second:
-every adapt variant and the baseline, every task of `tasks.names` for finetune, every other settings object.
+every family, every adapt variant and the baseline, every task of `tasks.names` for finetune, every other settings object.
 Then the names one section gives another: a finetuned model is an adapt variant, the analyses' tasks are
 finetuned, grounding compares two runs that exist. The stages check those by the files they read.
 
@@ -27,7 +27,7 @@ from xdbert.data.tokenization.build import check_max_len
 from xdbert.errors import PipelineError
 from xdbert.fetch import requested_revisions
 from xdbert.finetuning.settings import FinetuneSettings
-from xdbert.model.settings import ModelSettings
+from xdbert.model.settings import ModelSettings, ablation_family, families, family_names
 from xdbert.reports.settings import AggregateSettings
 
 
@@ -43,15 +43,19 @@ def check(p: dict) -> None:
     CorpusSettings.from_params(p)
     tasks = TasksSettings.from_params(p)
     model = ModelSettings.from_params(p)
+    families(p)
+    ablation_family(p)
     requested_revisions(p)
     tokenize = TokenizeSettings.from_params(P.section(p, "tokenize"))
-    if model.encoder.startswith("random:") and model.encoder_config.get("max_position_embeddings"):
-        # dual_tokenize's own check; a pretrained encoder's positions need its config from the hub
-        check_max_len(tokenize, model.encoder_config["max_position_embeddings"], model.encoder)
+    for name in ["", *family_names(p)]:  # the tokenizer's encoder, then every family's
+        m = ModelSettings.from_params(p, name)
+        if m.encoder.startswith("random:") and m.encoder_config.get("max_position_embeddings"):
+            # dual_tokenize's own check; a pretrained encoder's positions need its config from the hub
+            check_max_len(tokenize, m.encoder_config["max_position_embeddings"], m.encoder)
     PretrainSettings.from_params(p)
     PretrainSettings.clip_from_params(p, model.clip_pretrained)
     variants = P.variant_names(p)
-    for variant in [*variants, "baseline"]:
+    for variant in [P.PROPOSED, P.BASELINE, *variants]:
         AdaptSettings.from_params(p, variant)
     for name in tasks.names:
         FinetuneSettings.from_params(p, get_task(name))
@@ -60,17 +64,16 @@ def check(p: dict) -> None:
     grounding = GroundingSettings.from_params(p, files=False)
     attention = AttentionSettings.from_params(p, files=False)
 
-    adapted = [*variants, "baseline"]
-    _named("finetune.models", study.models, adapted, "an adapt variant or baseline")
+    adapted = [P.PROPOSED, P.BASELINE, *variants]  # what `adapt.family` adapts
     _named("finetune.ablations", study.ablations, adapted, "an adapt variant or baseline")
-    _named("finetune.full_models", study.full_models, variants, "an adapt variant (baseline has no cross-modal model)")
-    _named("attention.variants", attention.variants, variants, "an adapt variant (baseline has no cross-modal model)")
+    _named("attention.variants", attention.variants, [P.PROPOSED, *variants],
+           "an adapt variant (baseline has no cross-modal model)")
     _named("attention.task", [attention.task], tasks.names, "in tasks.names (its dev split is read)")
     _named("grounding.tasks", grounding.tasks, tasks.names, "in tasks.names (its predictions are compared)")
     for task in grounding.tasks:
         runs = [run.name for run in study.runs(task)]
-        _named("grounding.baseline", [grounding.baseline], runs, f"a finetune run on {task}")
-        _named("grounding.model", [grounding.model], runs, f"a finetune run on {task}")
+        _named("grounding.baseline", [grounding.baseline], runs, f"a finetune run of `adapt.family` on {task}")
+        _named("grounding.model", [grounding.model], runs, f"a finetune run of `adapt.family` on {task}")
 
 
 def _named(key: str, names: Iterable[str], allowed: Iterable[str], what: str) -> None:

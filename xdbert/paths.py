@@ -1,7 +1,8 @@
 """Every path a stage reads or writes, in one place; `dvc.yaml` names the same paths.
 
 Each stage's outputs carry the stage's name where the stage has one output of its own
-(`models/pretrain_encoder`, `models/pretrain_clip`, `results/finetune/<task>`, `metrics/<stage>.json`).
+(`models/pretrain_clip`, `results/finetune`, `metrics/<stage>.json`); a stage per family or variant
+puts its name in the path (`models/adapted/<family>/<variant>`).
 Checkpoints live outside DVC's outputs, so `dvc repro` does not delete them before a killed stage resumes.
 """
 from __future__ import annotations
@@ -15,19 +16,19 @@ TASKS = Path("data/tasks")
 # stage `dual_tokenize`
 SHARDS = Path("data/shards")
 TOKENIZER = Path("models/tokenizer")
-# stage `pretrain_encoder`
-PRETRAIN_ENCODER = Path("models/pretrain_encoder")
-PRETRAIN_ENCODER_METRICS = Path("metrics/pretrain_encoder.json")
+# stages `pretrain_encoder@<family>`
+PRETRAIN_ENCODER = Path("models/pretrain_encoder")            # /<family>
+PRETRAIN_ENCODER_METRICS = Path("metrics/pretrain_encoder")   # /<family>.json
 # stage `pretrain_clip`
 PRETRAIN_CLIP = Path("models/pretrain_clip")
 PRETRAIN_CLIP_METRICS = Path("metrics/pretrain_clip.json")
-# stages `adapt@<variant>` and `adapt_baseline`
-ADAPTED = Path("models/adapted")          # /<variant>: the language encoder alone
-CROSSMODAL = Path("models/crossmodal")    # /<variant>: the whole cross-modal model
-ADAPT_METRICS = Path("metrics/adapt")     # /<variant>.json
-ADAPT_PLOTS = Path("dvclive/adapt")       # /<variant>
+# stages `adapt_baseline@<family>`, `adapt@<family>` and `ablate@<variant>`
+ADAPTED = Path("models/adapted")          # /<family>/<variant>: the language encoder alone
+CROSSMODAL = Path("models/crossmodal")    # /<family>/<variant>: the whole cross-modal model
+ADAPT_METRICS = Path("metrics/adapt")     # /<family>/<variant>.json
+ADAPT_PLOTS = Path("dvclive/adapt")       # /<family>/<variant>
 # stage `finetune`
-FINETUNE = Path("results/finetune")       # /<task>/<run>
+FINETUNE = Path("results/finetune")       # /<task>/<family>/<run>, /<task>/clip_t
 # stage `aggregate`
 REPORTS = Path("reports")
 AGGREGATE_JSON = Path("results/aggregate.json")
@@ -53,12 +54,16 @@ RUN_CACHE = CHECKPOINTS / "runs"          # /<key>.pt: finished finetuning runs,
 RUN_LOG = Path("logs")
 
 
-def adapted(variant: str) -> Path:
-    return ADAPTED / variant
+def pretrain_encoder(family: str) -> Path:
+    return PRETRAIN_ENCODER / family
 
 
-def crossmodal(variant: str) -> Path:
-    return CROSSMODAL / variant
+def adapted(family: str, variant: str) -> Path:
+    return ADAPTED / family / variant
+
+
+def crossmodal(family: str, variant: str) -> Path:
+    return CROSSMODAL / family / variant
 
 
 def report(name: str) -> Path:

@@ -29,7 +29,7 @@ class PretrainSettings:
 
     @classmethod
     def from_params(cls, params: dict) -> "PretrainSettings":
-        """The encoder's stand-in (stage `pretrain_encoder`): `pretrain.steps` of MLM on restated pairs."""
+        """The encoder's stand-in (stages `pretrain_encoder@<family>`): `pretrain.steps` of MLM on restated pairs."""
         values = _values(P.section(params, "pretrain"), [f.name for f in fields(cls)])
         for key in ("steps", "batch_size", "max_len", "checkpoint_every"):  # stored as integers: `steps: 2.0` passes
             values[key] = P.positive(values[key], f"pretrain.{key}")
@@ -60,7 +60,7 @@ class PretrainSettings:
         return cls(**values, steps=steps)
 
 
-NOT_SETTINGS = ("variants", "baseline")  # keys of the adapt section that name variants, not values
+NOT_SETTINGS = ("family", "variants", "baseline")  # keys of the adapt section that name runs, not values
 
 
 @dataclass(frozen=True)
@@ -95,14 +95,18 @@ class AdaptSettings:
 
     @classmethod
     def from_params(cls, params: dict, variant: str) -> "AdaptSettings":
-        """Variant `variant` (a key of `adapt.variants`, or `baseline`), every value checked."""
+        """Variant `variant`, every value checked: `xdbert` (the proposed setting: the defaults as they are),
+        `baseline` (`adapt.baseline`) or an ablation (a key of `adapt.variants`)."""
         a = P.section(params, "adapt")
         names = P.variant_names(params)
-        if variant != "baseline":
-            P.choice(variant, "`adapt.variants` entry", [*names, "baseline"])
-        overrides = a.get("baseline") if variant == "baseline" else a["variants"][variant]
+        P.choice(variant, "adaptation variant", [P.PROPOSED, P.BASELINE, *names])
+        if variant == P.PROPOSED:
+            overrides, where = {}, "adapt"
+        elif variant == P.BASELINE:
+            overrides, where = a.get("baseline"), "adapt.baseline"
+        else:
+            overrides, where = a["variants"][variant], f"adapt.variants.{variant}"
         overrides = {} if overrides is None else overrides  # `name:` or `name: {}`: the defaults as they are
-        where = f"adapt.variants.{variant}" if variant != "baseline" else "adapt.baseline"
         if not isinstance(overrides, dict):
             raise PipelineError(f"`{where}` must map adapt keys to the values this variant changes; got {overrides!r}")
         unknown = set(overrides) - (set(a) - set(NOT_SETTINGS))

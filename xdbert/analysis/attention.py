@@ -36,6 +36,7 @@ import pyarrow as pa
 from xdbert import params as P
 from xdbert.data.tasks.registry import TASK_NAMES, get_task
 from xdbert.errors import PipelineError
+from xdbert.model.settings import ablation_family
 from xdbert.paths import crossmodal
 
 CLIP_SPECIAL_LABELS = {"<start_of_text>": "<sot>", "<end_of_text>": "<eot>"}
@@ -50,6 +51,7 @@ class AttentionSettings:
     """The `attention` params section, checked, with every variant's cross-modal model present."""
 
     variants: tuple[str, ...]
+    family: str               # `adapt.family`, whose variants these are
     task: str
     index: int
     max_len: int
@@ -68,9 +70,11 @@ class AttentionSettings:
         if not isinstance(variants, list) or not variants or not all(isinstance(v, str) and v for v in variants) \
                 or len(set(variants)) != len(variants):
             raise PipelineError(f"`attention.variants` must be a non-empty list of adapt variants without repeats; got {variants!r}")
+        family = ablation_family(params).name  # the variants are Table 3's, adapted on `adapt.family`
         for v in variants if files else ():
-            if not (crossmodal(str(v)) / "xdbert_config.json").is_file():
-                raise PipelineError(f"missing {crossmodal(str(v))}: run its adapt stage first (`dvc repro adapt@{v}`), or "
+            if not (crossmodal(family, str(v)) / "xdbert_config.json").is_file():
+                stage = f"adapt@{family}" if v == P.PROPOSED else f"ablate@{v}"
+                raise PipelineError(f"missing {crossmodal(family, str(v))}: run its adapt stage first (`dvc repro {stage}`), or "
                                     f"remove `{v}` from `attention.variants`")
         task = P.choice(get("task"), "attention.task", TASK_NAMES)
         if get_task(task).kind == "multiple_choice":
@@ -80,7 +84,7 @@ class AttentionSettings:
             raise PipelineError(f"`attention.index` must be the integer idx of a dev example; got {index!r}")
         sizes = {key: P.positive(get(key), f"attention.{key}")
                  for key in ("max_len", "clip_blocks_per_sentence", "windows", "batch_size")}
-        return cls(tuple(variants), task, index, **sizes)
+        return cls(tuple(variants), family, task, index, **sizes)
 
 
 def dev_example(table: pa.Table, index: int, task: str, split: str) -> pa.Table:

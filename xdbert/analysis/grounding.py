@@ -33,6 +33,8 @@ from xdbert import params as P
 from xdbert.data.provided import read_coco_captions
 from xdbert.data.tasks.registry import get_task, read_split
 from xdbert.errors import PipelineError
+from xdbert.finetuning.runs import run_name
+from xdbert.model.settings import ablation_family
 from xdbert.paths import FINETUNE, TASKS
 
 GROUNDED, NOT_GROUNDED, STOPWORD, PUNCTUATION = "grounded", "not_grounded", "stopword", "punctuation"
@@ -63,8 +65,8 @@ class GroundingSettings:
     """
 
     tasks: tuple[str, ...]
-    baseline: str
-    model: str
+    baseline: str             # the runs compared, `<adapt.family>/<grounding.baseline>`
+    model: str                # and `<adapt.family>/<grounding.model>`
     threshold: int
     captions: str
     n_captions: int | None
@@ -99,8 +101,9 @@ class GroundingSettings:
         if files and captions.endswith(".json") and not Path(captions).is_file():
             raise PipelineError(f"missing caption file {captions} (`grounding.captions`): download MSCOCO's "
                                 f"annotations_trainval2017.zip and give annotations/captions_train2017.json, or use `generated`")
-        baseline = P.nonempty_str(get("baseline"), "grounding.baseline")
-        model = P.nonempty_str(get("model"), "grounding.model")
+        # the runs of `adapt.family` (as Table 3's ablations): results/finetune/<task>/<family>/<model>
+        family = ablation_family(params).name
+        baseline, model = (run_name("encoder", P.nonempty_str(get(key), f"grounding.{key}"), family) for key in ("baseline", "model"))
         for run in (baseline, model) if files else ():
             for task in tasks:
                 if not predictions_path(run, task).is_file():

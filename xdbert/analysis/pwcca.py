@@ -45,6 +45,7 @@ import numpy as np
 
 from xdbert import params as P
 from xdbert.errors import PipelineError
+from xdbert.model.settings import family_names
 from xdbert.paths import PRETRAIN_CLIP
 
 WEIGHT_VIEWS = ("x", "y", "smaller")
@@ -52,11 +53,12 @@ CONVENTIONS = ("svcca", "whitened")
 CONVENTION_TEXT = {"svcca": "google/svcca's `compute_pwcca`, directions `(x - mean) U` without whitening, means added back",
                    "whitened": "the whitened canonical variates of Morcos et al.'s text"}
 DEFAULT_MIN_RATIO = 5.0
-# Table 2's systems: the language encoder before adaptation, a second encoder, CLIP-T, uniform noise
-SYSTEMS = ("encoder", "electra", "clip", "random")
-# Table 2 of the paper (BERT-base, ELECTRA-base, CLIP ViT-B/32)
-PAPER = {("encoder", "electra"): 0.5498, ("encoder", "clip"): 0.4980, ("electra", "clip"): 0.4645,
-         ("encoder", "random"): 0.3569}
+# Table 2's systems besides the study's families (each family's encoder before adaptation)
+CLIP, RANDOM = "clip", "random"
+# Table 2 of the paper (BERT-base, ELECTRA-base, CLIP ViT-B/32), keyed by the systems' labels: the paper
+# profile's families BERT-b and ELECTRA-b are the paper's BERT and ELECTRA
+PAPER = {("BERT-b", "ELECTRA-b"): 0.5498, ("BERT-b", "CLIP"): 0.4980, ("ELECTRA-b", "CLIP"): 0.4645,
+         ("BERT-b", "RANDOM"): 0.3569}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -67,12 +69,14 @@ PAPER = {("encoder", "electra"): 0.5498, ("encoder", "clip"): 0.4980, ("electra"
 class PwccaSettings:
     """The `pwcca` params section, checked.
 
-    `electra` is kept only when a pair uses it (None otherwise); `eps` is kept as written (it is reported as
-    given); `clip_tower` empty means the tower the adaptation starts from (`models/pretrain_clip`).
+    `families` are the families the stage loads: those the pairs name, in the order they first appear.
+    RANDOM is shaped like the first of them; where the pairs name no family ([clip, random] alone) that is
+    the study's first family, the one loaded. `eps` is kept as written (it is reported as given);
+    `clip_tower` empty means the tower the adaptation starts from (`models/pretrain_clip`).
     """
 
     pairs: tuple[tuple[str, str], ...]
-    electra: str | None
+    families: tuple[str, ...]
     eps: Any
     convention: str
     weight_by: str
@@ -86,21 +90,22 @@ class PwccaSettings:
         sec = P.section(params, "pwcca")
         get = P.getter(sec, "pwcca")
 
+        study = family_names(params)
+        clash = [name for name in study if name in (CLIP, RANDOM)]
+        if clash:
+            raise PipelineError(f"`families` has the name {clash[0]!r}, which `pwcca.pairs` reads as one of its own systems "
+                                f"({CLIP}, {RANDOM}); rename the family")
+        allowed = f"a family of `families` ({', '.join(study)}), {CLIP} or {RANDOM}"
         pairs = get("pairs")
         if not isinstance(pairs, list) or not pairs:
-            raise PipelineError(f"`pwcca.pairs` must be a non-empty list of [a, b] pairs of {', '.join(SYSTEMS)}; got {pairs!r}")
+            raise PipelineError(f"`pwcca.pairs` must be a non-empty list of [a, b] pairs, each {allowed}; got {pairs!r}")
         for pair in pairs:
             if not isinstance(pair, list) or len(pair) != 2 or pair[0] == pair[1]:
-                raise PipelineError(f"entry {pair!r} of `pwcca.pairs` must be two different systems, e.g. [encoder, clip]")
-            P.subset(pair, "pwcca.pairs entry", SYSTEMS)
-        electra = get("electra")
-        if not isinstance(electra, str):
-            raise PipelineError(f'`pwcca.electra` must be an ELECTRA hub id or folder, or "" for none; got {electra!r}')
-        if not any("electra" in pair for pair in pairs):
-            electra = None
-        elif not electra.strip():
-            raise PipelineError("`pwcca.pairs` uses `electra` but `pwcca.electra` is empty: give an ELECTRA hub id or folder "
-                                "(google/electra-base-discriminator) or drop those pairs")
+                raise PipelineError(f"entry {pair!r} of `pwcca.pairs` must be two different systems, e.g. [{study[0]}, {CLIP}]")
+            for name in pair:
+                if name not in study and name not in (CLIP, RANDOM):
+                    raise PipelineError(f"unknown system {name!r} in `pwcca.pairs`; allowed: {allowed}")
+        families = tuple(dict.fromkeys(name for pair in pairs for name in pair if name in study)) or (study[0],)
         eps = get("eps")
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < float("inf"):  # not NaN either
             raise PipelineError(f"`pwcca.eps` must be a number >= 0; got {eps!r}")
@@ -114,13 +119,13 @@ class PwccaSettings:
         if files and clip_tower and not (Path(clip_tower) / "clip_config.json").is_file():
             raise PipelineError(f"`pwcca.clip_tower: {clip_tower}` is not a saved CLIP tower folder (no clip_config.json); "
                                 f"leave it empty for the tower the adaptation starts from ({PRETRAIN_CLIP})")
-        return cls(tuple(tuple(pair) for pair in pairs), electra, eps, convention, weight_by, min_words_ratio, seed,
+        return cls(tuple(tuple(pair) for pair in pairs), families, eps, convention, weight_by, min_words_ratio, seed,
                    clip_tower)
 
     @property
-    def systems(self) -> set[str]:
-        """The systems the pairs compare."""
-        return {name for pair in self.pairs for name in pair}
+    def systems(self) -> tuple[str, ...]:
+        """The systems the pairs compare, in the order they first appear."""
+        return tuple(dict.fromkeys(name for pair in self.pairs for name in pair))
 
 
 @dataclass
@@ -385,40 +390,48 @@ def pairwise(views: Mapping[str, np.ndarray], pairs: Iterable[tuple[str, str]], 
 # Table 2
 # ----------------------------------------------------------------------------------------------------
 
-def system_names(encoder: str, electra: str | None, clip: str) -> dict[str, str]:
-    """How Table 2 names each system."""
-    return {"encoder": f"language encoder `{encoder}`", "electra": f"ELECTRA `{electra}`", "clip": f"CLIP-T `{clip}`",
-            "random": "uniform noise"}
+def system_labels(family_labels: Mapping[str, str]) -> dict[str, str]:
+    """Each system's name in Table 2's rows: a family's label (BERT-b), then CLIP and RANDOM as the paper writes them."""
+    return {**family_labels, CLIP: "CLIP", RANDOM: "RANDOM"}
+
+
+def system_names(labels: Mapping[str, str], encoders: Mapping[str, str], clip: str, random_like: str) -> dict[str, str]:
+    """What each system is, after its label: `encoders` maps the loaded families to their encoders, `labels` every
+    system to its label, `random_like` names the family RANDOM is shaped like."""
+    return {**{name: f"{labels[name]} ({encoder})" for name, encoder in encoders.items()},
+            CLIP: f"{labels[CLIP]} (CLIP-T {clip})",
+            RANDOM: f"{labels[RANDOM]} (U[-1, 1) noise shaped like {labels[random_like]}'s rows)"}
 
 
 def table2_rows(results: Mapping[tuple[str, str], PWCCAResult], views: Mapping[str, np.ndarray], n_shared: int,
-                paper: bool) -> list[dict]:
-    """One record per compared pair (results/pwcca.json); `paper`: with the paper's value beside it."""
+                labels: Mapping[str, str], paper: bool) -> list[dict]:
+    """One record per compared pair (results/pwcca.json); `paper`: with the paper's value beside the pairs it has."""
     rows = []
     for (a, b), r in results.items():
+        la, lb = labels[a], labels[b]
         rows.append({"a": a, "b": b, "pwcca": round(r.value, 6), "shared_words": n_shared,
                      "widths": [int(views[a].shape[1]), int(views[b].shape[1])], "weighted_by": r.weighted_by,
-                     "mean_cca": round(float(np.mean(r.rho)), 6), "paper": PAPER.get((a, b), PAPER.get((b, a))) if paper else None})
+                     "mean_cca": round(float(np.mean(r.rho)), 6), "paper": PAPER.get((la, lb), PAPER.get((lb, la))) if paper else None})
     return rows
 
 
-def table2_markdown(head: str, rows: list[dict], names: Mapping[str, str], used: set[str], n_shared: int,
+def table2_markdown(head: str, rows: list[dict], labels: Mapping[str, str], names: Mapping[str, str], n_shared: int,
                     settings: PwccaSettings, paper: bool) -> str:
     """reports/table2.md: `head` (the report header), then the table of `rows` and what it compares."""
     s = settings
     md = [head,
           f"Embedding rows of the ORIGINAL (pre-adaptation) models over **{n_shared} shared words**: whole lowercase "
-          f"words present in every compared vocabulary (WordPiece `word`, CLIP BPE `word</w>`). RANDOM is U[-1, 1) "
-          f"noise of the encoder's shape (seed {s.seed}). PWCCA: projection-weighted mean of the canonical "
-          f"correlations (Morcos et al., 2018), weights from the {s.weight_by} view, covariance ridge eps={s.eps}, "
-          f"**{s.convention}** convention: {CONVENTION_TEXT[s.convention]}.",
+          f"words present in every compared vocabulary (WordPiece `word`, CLIP BPE `word</w>`); a `random:` encoder is "
+          f"its pretrain_encoder stand-in; RANDOM's noise has seed {s.seed}. PWCCA: projection-weighted mean of the "
+          f"canonical correlations (Morcos et al., 2018), weights from the {s.weight_by} view, covariance ridge "
+          f"eps={s.eps}, **{s.convention}** convention: {CONVENTION_TEXT[s.convention]}.",
           "", "The RANDOM row is the level two unrelated matrices reach with this many words and these widths (CCA "
           "fits noise with few words per dimension); compare the other rows with it, not with 0.",
           "", "| systems | PWCCA | mean CCA | shared words | widths |" + (" paper |" if paper else ""),
           "|---|---|---|---|---|" + ("---|" if paper else "")]
     for r in rows:
-        label = f"{r['a'].upper()}/{r['b'].upper()}".replace("ENCODER", "L")
-        line = f"| {label} | {r['pwcca']:.4f} | {r['mean_cca']:.4f} | {r['shared_words']} | {r['widths'][0]} / {r['widths'][1]} |"
-        md.append(line + (f" {r['paper'] if r['paper'] is not None else '-'} |" if paper else ""))
-    md += ["", "Systems: " + "; ".join(f"{k.upper().replace('ENCODER', 'L')} = {names[k]}" for k in SYSTEMS if k in used) + "."]
+        line = (f"| {labels[r['a']]}/{labels[r['b']]} | {r['pwcca']:.4f} | {r['mean_cca']:.4f} | {r['shared_words']} | "
+                f"{r['widths'][0]} / {r['widths'][1]} |")
+        md.append(line + (f" {'-' if r['paper'] is None else format(r['paper'], '.4f')} |" if paper else ""))
+    md += ["", "Systems: " + "; ".join(names[k] for k in s.systems) + "."]
     return "\n".join(md) + "\n"

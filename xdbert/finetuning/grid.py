@@ -31,20 +31,25 @@ def run_key(job: Job, seed: int, device: str) -> str:
     return training.fingerprint(job.identity, dataclasses.asdict(job.hyperparameters), seed, device)
 
 
+def cache_entry(job: Job, seed: int, device: str) -> tuple[Path, str]:
+    """(file, key) of a run in `job.run_cache`."""
+    key = run_key(job, seed, device)
+    return Path(job.run_cache) / f"{key}.pt", key
+
+
 def cached(job: Job, seed: int, device: str) -> dict | None:
     """The result of the same run on `device`, saved in `job.run_cache`, or None."""
     if not job.run_cache:
         return None
-    key = run_key(job, seed, device)
-    state = training.load_checkpoint(Path(job.run_cache) / f"{key}.pt", key)
+    state = training.load_checkpoint(*cache_entry(job, seed, device))
     return None if state is None else {**state["result"], "reused": True}
 
 
 def keep(job: Job, seed: int, result: dict) -> dict:
     """Save a run just trained in `job.run_cache`, under the device it ran on."""
     if job.run_cache:
-        key = run_key(job, seed, result["device"])
-        training.save_checkpoint(Path(job.run_cache) / f"{key}.pt", {"result": result}, key)
+        path, key = cache_entry(job, seed, result["device"])
+        training.save_checkpoint(path, {"result": result}, key)
     return {**result, "reused": False}
 
 

@@ -1,7 +1,7 @@
 """A finetuning job: one model and one task, tokenized once, picklable for the worker pool.
 
-`prepare` reads the model's config (its width decides Table 5's learning rate) and tokenizes every
-split once with fast batched tokenizers; `build_model` gives each seed a fresh model with a new head.
+`prepare` reads the model's config, takes Table 5's learning rate for its family's size class (for CLIP-T,
+its width's) and tokenizes every split once with fast batched tokenizers; `build_model` gives each seed a fresh model with a new head.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from xdbert.finetuning.heads import (ClipTowerClassifier, EncoderClassifier, Ful
                                      encoder_head_class)
 from xdbert.finetuning.runs import MODEL_KINDS
 from xdbert.finetuning.settings import FinetuneSettings, Hyperparameters, size_of
+from xdbert.model.settings import Family
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Job:
     data: dict[str, fd.Encoded]          # "train" and every dev split
     eot_id: int = 49407
     width: int = 0
+    size: str = "base"                   # Table 5's size class the learning rate was taken for
     identity: str = ""                   # hash of the model's files and the tokenized data (`job_identity`)
     run_cache: str = ""                  # where finished runs are kept by what decided them (`grid`); "" = nowhere
 
@@ -45,12 +47,14 @@ class Job:
 
 
 def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: FinetuneSettings,
-            tokenizer_dir: str | Path | None = None, run_cache: str | Path = "", protocol: str = "table1") -> Job:
+            tokenizer_dir: str | Path | None = None, run_cache: str | Path = "", protocol: str = "table1",
+            family: Family | None = None) -> Job:
     """Read the model's config and tokenize every split of `settings.task` once (fast batched tokenizers).
 
     encoder: the tokenizer saved in the model folder. full: the BERT tokenizer in `tokenizer_dir`
-    (the cross-modal folder holds none) and CLIP blocks. clip: CLIP blocks only. The model's width
-    decides the learning rate (Table 5: base or large). Finished runs are kept in `run_cache` ("" = nowhere).
+    (the cross-modal folder holds none) and CLIP blocks. clip: CLIP blocks only. The `family` (None for
+    CLIP-T) gives Table 5's size class and the layer-wise lr decay; without one, the model's width decides the
+    size and the decay is off. Finished runs are kept in `run_cache` ("" = nowhere).
     """
     from transformers import AutoConfig, AutoTokenizer
 
@@ -97,7 +101,9 @@ def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: Fin
                 data[split] = fd.Encoded(idx=t.column("idx").to_numpy().astype(np.int64), labels=fd.labels_of(spec, t),
                                          choices=blocks.shape[1], inputs={}, pad_ids={})
             data[split].clip_ids = blocks
-    job = Job(model_kind, str(model_path), spec, settings.hyperparameters(size_of(width), model_kind, protocol), data, eot_id, width,
+    size = family.size if family else size_of(width)
+    hyperparameters = settings.hyperparameters(size, model_kind, protocol, family.layer_lr_decay if family else 1.0)
+    job = Job(model_kind, str(model_path), spec, hyperparameters, data, eot_id, width, size,
               run_cache=str(run_cache) if run_cache else "")
     job.identity = job_identity(job)
     return job

@@ -12,7 +12,6 @@ import pyarrow as pa
 from xdbert import io
 from xdbert.errors import PipelineError
 from xdbert.finetuning.job import Job
-from xdbert.finetuning.settings import size_of
 
 
 def _clean(x: float) -> float | None:
@@ -68,7 +67,7 @@ def write_results(out_dir: str | Path, job: Job, runs: list[dict], info: dict[st
     """Write metrics.json and predictions.parquet into `out_dir`, as one atomic directory."""
     table = predictions_table(job, runs)  # checks the prediction lengths before anything is written
     metrics = {**info, **summarize(job, runs),
-               "hyperparameters": {**dataclasses.asdict(job.hyperparameters), "model_size": size_of(job.width)}}
+               "hyperparameters": {**dataclasses.asdict(job.hyperparameters), "model_size": job.size}}
     with io.atomic_path(out_dir, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
         io.write_json(tmp / "metrics.json", metrics)

@@ -1,16 +1,17 @@
 """Which runs the study makes on a task, and where each run's model lives.
 
 A run finetunes one model on one task for every seed. Three kinds of model are finetuned:
-- `encoder`: an adapted language encoder, models/adapted/<name> (Table 1: the MLM baseline and XDBERT;
-  Table 3: the ablation variants, on `finetune.ablation_tasks` only);
-- `full`: the whole cross-modal model, models/crossmodal/<name> (Table 8);
+- `encoder`: an adapted language encoder, models/adapted/<family>/<name> (Table 1: every family's MLM
+  baseline and XDBERT; Table 3: the ablation variants of `adapt.family`, on `finetune.ablation_tasks` only);
+- `full`: a family's whole cross-modal model, models/crossmodal/<family>/<name> (Table 8);
 - `clip`: CLIP's text tower alone, models/pretrain_clip (Table 1's CLIP-T row, on `finetune.clip_tasks`).
-A run's results folder is named after its model: the encoder's name, `full_<name>` or `clip_t`.
+A run's results folder is named after its family and model: `<family>/<name>`, `<family>/full_<name>`, or
+`clip_t` for the one CLIP run.
 
 Table 3 has a protocol of its own (`finetune.ablation_lr`, `finetune.ablation_seeds`): the paper ran every
 ablation at lr 1e-4, CoLA included (Table 1's CoLA rate is 2e-5), with 5 runs, RTE included (Table 1's RTE
 has 9 here). When it is set, Table 3's rows of Table 1's models are runs of their own under it, named
-`table3_<name>`; when it is not (null, null), Table 3 reuses Table 1's runs.
+`<family>/table3_<name>`; when it is not (null, null), Table 3 reuses Table 1's runs.
 """
 from __future__ import annotations
 
@@ -20,22 +21,23 @@ from typing import Callable, NamedTuple
 
 from xdbert import params, paths
 from xdbert.errors import PipelineError
+from xdbert.model.settings import ablation_family, family_names
 
 
 @dataclass(frozen=True)
 class ModelFolder:
     """Where the study keeps the models of one kind, and how their runs are named."""
 
-    folder: Callable[[str], Path]   # model name -> its folder
-    shown: str                      # the folder as an error message names it
-    required: str                   # the file a complete folder has
-    run_name: str                   # the run's results folder, `{}` standing for the model name
+    folder: Callable[[str, str], Path]   # (family, model name) -> its folder
+    shown: str                           # the folder as an error message names it
+    required: str                        # the file a complete folder has
+    run_name: str                        # the run's results folder, `{}` standing for the model name
 
 
 MODEL_FOLDERS: dict[str, ModelFolder] = {
-    "encoder": ModelFolder(paths.adapted, str(paths.adapted("<name>")), "config.json", "{}"),
-    "clip": ModelFolder(lambda name: paths.PRETRAIN_CLIP, str(paths.PRETRAIN_CLIP), "clip_config.json", "{}_t"),
-    "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<name>")), "xdbert_config.json", "full_{}"),
+    "encoder": ModelFolder(paths.adapted, str(paths.adapted("<family>", "<name>")), "config.json", "{}"),
+    "clip": ModelFolder(lambda family, name: paths.PRETRAIN_CLIP, str(paths.PRETRAIN_CLIP), "clip_config.json", "{}_t"),
+    "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<family>", "<name>")), "xdbert_config.json", "full_{}"),
 }
 MODEL_KINDS = tuple(MODEL_FOLDERS)   # what `finetuning.job.prepare` can finetune
 CLIP_MODEL = "clip"                  # the model name of the one `clip` run
@@ -78,22 +80,24 @@ class AblationProtocol:
         return self.lr is not None or self.seeds is not None
 
 
-def run_name(model_kind: str, model: str) -> str:
-    """The results folder of the run that finetunes `model` (results/finetune/<task>/<run name>)."""
-    return MODEL_FOLDERS[model_kind].run_name.format(model)
+def run_name(model_kind: str, model: str, family: str = "") -> str:
+    """The results folder of the run that finetunes `model` of `family` (results/finetune/<task>/<run name>)."""
+    name = MODEL_FOLDERS[model_kind].run_name.format(model)
+    return f"{family}/{name}" if family and model_kind != "clip" else name
 
 
 class Run(NamedTuple):
-    """One run of a task: (model kind, model name, run name, protocol: "table1" or "ablation")."""
+    """One run of a task: (model kind, model name, run name, protocol: "table1" or "ablation", family)."""
 
     model_kind: str
     model: str
     name: str
     protocol: str = "table1"
+    family: str = ""
 
     @property
     def model_dir(self) -> Path:
-        return MODEL_FOLDERS[self.model_kind].folder(self.model)
+        return MODEL_FOLDERS[self.model_kind].folder(self.family, self.model)
 
 
 def _names(section: dict, key: str) -> list[str]:
@@ -105,35 +109,50 @@ def _names(section: dict, key: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Study:
-    """The models the study finetunes: the run lists of the `finetune` section."""
+    """The models the study finetunes: the run lists of the `finetune` section, for every family."""
 
-    models: list[str]           # Table 1: adapted encoders finetuned on every task
-    ablations: list[str]        # Table 3: adapted encoders finetuned on `ablation_tasks`
+    models: list[str]           # Table 1: every family's adapted encoders finetuned on every task
+    ablations: list[str]        # Table 3: `ablation_family`'s adapted encoders finetuned on `ablation_tasks`
     ablation_tasks: list[str]
-    full_models: list[str]      # Table 8: whole cross-modal models finetuned on every task
+    full_models: list[str]      # Table 8: every family's whole cross-modal models finetuned on every task
     clip_tasks: list[str]       # Table 1's CLIP-T row
     protocol: AblationProtocol  # how Table 3's runs are finetuned
+    families: list[str]         # `families`: Table 1's encoders
+    ablation_family: str        # `adapt.family`: Table 3's
 
     @classmethod
-    def from_params(cls, finetune: dict) -> Study:
-        """The run lists of the `finetune` section (`finetune`: that section), checked."""
-        return cls(**{key: _names(finetune, key) for key in ("models", "ablations", "ablation_tasks", "full_models", "clip_tasks")},
-                   protocol=AblationProtocol.from_params(finetune))
+    def from_params(cls, p: dict) -> Study:
+        """The run lists of the `finetune` section and the study's families, checked. Table 1's and Table 8's
+        models are adapted by every family, so they can only be its own two (`baseline`, `xdbert`)."""
+        f = params.section(p, "finetune")
+        lists = {key: _names(f, key) for key in ("models", "ablations", "ablation_tasks", "full_models", "clip_tasks")}
+        for key, allowed in (("models", (params.BASELINE, params.PROPOSED)), ("full_models", (params.PROPOSED,))):
+            for name in lists[key]:
+                if name not in allowed:
+                    raise PipelineError(f"`finetune.{key}` names {name!r}; every family adapts only {', '.join(allowed)}"
+                                        f"{'' if key == 'models' else ' with a cross-modal model'}: an ablation variant "
+                                        f"belongs in `finetune.ablations` (Table 3)")
+        return cls(**lists, protocol=AblationProtocol.from_params(f), families=family_names(p),
+                   ablation_family=ablation_family(p).name)
 
     def table3_runs(self) -> dict[str, str]:
         """Table 3's rows: model name -> the run that finetuned it under Table 3's protocol."""
+        fam = self.ablation_family
         own = TABLE3_PREFIX if self.protocol.own else ""
-        return {**{m: own + run_name("encoder", m) for m in self.models}, **{m: run_name("encoder", m) for m in self.ablations}}
+        return {**{m: run_name("encoder", own + m, fam) for m in self.models},
+                **{m: run_name("encoder", m, fam) for m in self.ablations}}
 
     def runs(self, task: str) -> list[Run]:
         """Every run the study makes on task `task`, in the order their results are written."""
-        out = [Run("encoder", m, run_name("encoder", m)) for m in self.models]
-        if task in self.ablation_tasks:
-            protocol = "ablation" if self.protocol.own else "table1"
-            if self.protocol.own:  # Table 3's rows of Table 1's models, rerun under its protocol
-                out += [Run("encoder", m, TABLE3_PREFIX + run_name("encoder", m), protocol) for m in self.models]
-            out += [Run("encoder", m, run_name("encoder", m), protocol) for m in self.ablations]
-        out += [Run("full", m, run_name("full", m)) for m in self.full_models]
+        out = []
+        for fam in self.families:
+            out += [Run("encoder", m, run_name("encoder", m, fam), family=fam) for m in self.models]
+            if fam == self.ablation_family and task in self.ablation_tasks:
+                protocol = "ablation" if self.protocol.own else "table1"
+                if self.protocol.own:  # Table 3's rows of Table 1's models, rerun under its protocol
+                    out += [Run("encoder", m, run_name("encoder", TABLE3_PREFIX + m, fam), protocol, fam) for m in self.models]
+                out += [Run("encoder", m, run_name("encoder", m, fam), protocol, fam) for m in self.ablations]
+            out += [Run("full", m, run_name("full", m, fam), family=fam) for m in self.full_models]
         if task in self.clip_tasks:
             out.append(Run("clip", CLIP_MODEL, run_name("clip", CLIP_MODEL)))
         return out

@@ -53,7 +53,7 @@ class Hyperparameters:
     eval_batch_size: int
     max_len: int
     weight_decay: float
-    layer_lr_decay: float           # 1.0 = off; 0.9 = each layer below the top gets lr * 0.9^depth
+    layer_lr_decay: float           # the family's: 1.0 = off; 0.9 = each layer below the top gets lr * 0.9^depth
     max_grad_norm: float
     length_group: int               # batches per length-sorted mega-batch; 1 = plain shuffled batches
     clip_blocks_per_sentence: int   # Table 8: 2 blocks for one sentence, 4 for a pair
@@ -90,7 +90,6 @@ class FinetuneSettings:
     eval_batch_size: int
     max_len: int
     weight_decay: float
-    layer_lr_decay: float
     length_group: int
     clip_blocks_per_sentence: int
     dropout: float
@@ -110,10 +109,6 @@ class FinetuneSettings:
             raise PipelineError(f"`finetune.max_len` must be at most 512 (BERT's positions); got {s['max_len']}")
         for key in ("warmup_ratio", "weight_decay", "dropout"):
             s[key] = params.fraction(params.get(f, key, "finetune"), f"finetune.{key}")
-        decay = params.get(f, "layer_lr_decay", "finetune")
-        if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0 < decay <= 1:
-            raise PipelineError(f"`finetune.layer_lr_decay` must be in (0, 1] (1.0 = off, 0.9 = the paper's 'decay of 0.9'); got {decay!r}")
-        s["layer_lr_decay"] = float(decay)
         s["precision"] = params.choice(params.get(f, "precision", "finetune"), "finetune.precision", params.PRECISIONS)
         s["compile"] = params.flag(params.get(f, "compile", "finetune"), "finetune.compile")
         lr = params.get(f, "lr", "finetune")
@@ -123,20 +118,21 @@ class FinetuneSettings:
         for name in dict.fromkeys([task.name, *lr]):  # every task's rates, this task's first: a typo shows in any stage
             _rates(lr, name)
         seeds = seed_list(f, seeds_key(task), "finetune")
-        study = Study.from_params(f)
+        study = Study.from_params(p)
         for key in ("ablation_tasks", "clip_tasks"):
             params.subset(getattr(study, key), f"finetune.{key}", TASK_NAMES, nonempty=False)
         return cls(task=task, **s, lr=lr, seeds=seeds, study=study)
 
-    def hyperparameters(self, size: str, model_kind: str, protocol: str = "table1") -> Hyperparameters:
+    def hyperparameters(self, size: str, model_kind: str, protocol: str = "table1", layer_lr_decay: float = 1.0) -> Hyperparameters:
         """The hyperparameters of a run on a `size` model (Table 5's base or large) of `model_kind`, under
-        Table 1's protocol or Table 3's (`ablation`: its one rate, where it gives one)."""
+        Table 1's protocol or Table 3's (`ablation`: its one rate, where it gives one), with its family's
+        layer-wise decay."""
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(Hyperparameters)
-                  if f.name not in ("lr", "max_grad_norm")}  # the section's values, one for one
+                  if f.name not in ("lr", "max_grad_norm", "layer_lr_decay")}  # the section's values, one for one
         lr = self.study.protocol.lr if protocol == "ablation" else None
         if lr is None:
             lr = learning_rate(self.lr, self.task, size, model_kind)
-        return Hyperparameters(lr=lr, max_grad_norm=MAX_GRAD_NORM, **shared)
+        return Hyperparameters(lr=lr, max_grad_norm=MAX_GRAD_NORM, layer_lr_decay=layer_lr_decay, **shared)
 
     def seeds_of(self, run: Run) -> list[int]:
         """The seeds of a run: the task's, or Table 3's protocol's where it gives them."""

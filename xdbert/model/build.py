@@ -42,7 +42,7 @@ def xdbert_config(model: ModelSettings, variant: Variant, *, vocab_size: int, cl
                   clip_eot_id: int) -> XDBertConfig:
     """The config of a variant's model: `vocab_size` of the trained tokenizer, `clip_blocks` per window."""
     return XDBertConfig(
-        encoder=encoder_source(model.encoder, model.encoder_config), encoder_config=model.encoder_config,
+        encoder=encoder_source(model.encoder, model.encoder_config, model.family), encoder_config=model.encoder_config,
         vocab_size=vocab_size, clip=model.clip, clip_pretrained=model.clip_pretrained, clip_heads=variant.clip_heads,
         clip_blocks=clip_blocks, cross_layers=variant.cross_layers, losses=variant.losses,
         placeholder=variant.placeholder, clip_eot_id=clip_eot_id, init_range=variant.init_range)

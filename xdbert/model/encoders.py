@@ -2,7 +2,7 @@
 
 `random:<model_type>` is built from a transformers config; anything else (a hub id, a local
 `save_pretrained` folder) is loaded with its own config and vocabulary. A random encoder starts the
-adaptation from its pretraining stand-in (`encoder_source`, the `pretrain_encoder` stage's output).
+adaptation from its pretraining stand-in (`encoder_source`, the `pretrain_encoder@<family>` stage's output).
 """
 from __future__ import annotations
 
@@ -112,14 +112,14 @@ def load_pretrained_mlm_head(name: str, head: "MaskedTokenHead") -> bool:
     return True
 
 
-def encoder_source(encoder: str, encoder_config: dict | None = None) -> str:
-    """Where adaptation (and everything that starts from the original encoder) loads the encoder:
-    the pretrained stand-in for a `random:<type>` encoder, the hub id or folder otherwise."""
+def encoder_source(encoder: str, encoder_config: dict | None = None, family: str = "") -> str:
+    """Where adaptation (and everything that starts from the original encoder) loads family `family`'s
+    encoder: the pretrained stand-in for a `random:<type>` encoder, the hub id or folder otherwise."""
     if not encoder.startswith(RANDOM_PREFIX):
         return encoder
     random_encoder_config(encoder, encoder_config)  # an unknown model type is named here
-    source = paths.PRETRAIN_ENCODER
-    if not (source / "config.json").is_file():
-        raise PipelineError(f"missing {source}: a `model.encoder: {encoder}` encoder starts from its pretraining "
-                            f"stand-in; run `dvc repro pretrain_encoder`")
+    source = paths.pretrain_encoder(family)
+    if not family or not (source / "config.json").is_file():
+        raise PipelineError(f"missing {source}: family {family!r}'s `{encoder}` encoder starts from its pretraining "
+                            f"stand-in; run `dvc repro pretrain_encoder@{family or '<family>'}`")
     return str(source)

@@ -1,18 +1,23 @@
-"""The `aggregate` stage's settings: its own section and what it reads of `finetune`, `tasks`, `model` and `pretrain`."""
+"""The `aggregate` stage's settings: its own section and what it reads of `finetune`, `families`, `tasks`,
+`model` and `pretrain`."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from xdbert import params
-from xdbert.data.tasks.registry import TASK_NAMES, TaskSpec, get_task
+from xdbert.data.tasks.registry import TaskSpec, get_task, task_names
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import Study, seed_list
+from xdbert.model.settings import Family, ModelSettings, families
+
+CLIP_ROW = "CLIP-T"  # Table 1's row of CLIP's text tower alone
 
 
 @dataclass(frozen=True)
 class AggregateSettings:
-    """What the `aggregate` stage reads: its own section, the study's runs and seeds (`finetune`), the
-    tasks and the models the reports' header names."""
+    """What the `aggregate` stage reads: its own section, the study's runs and seeds (`finetune`), its
+    families, the tasks and the models the reports' header names."""
 
     profile: str
     n_boot: int                 # paired bootstrap resamples of the dev examples
@@ -21,7 +26,8 @@ class AggregateSettings:
     study: Study
     seeds: list[int]
     rte_seeds: list[int]
-    encoder: str                # `model.encoder`
+    families: dict[str, Family]  # `families`: Tables 1 and 8 have rows of each, in this order
+    encoders: dict[str, str]     # family name -> its encoder (`model.encoder`, or the family's own)
     clip: str                   # `model.clip`
     clip_pretrained: str        # `model.clip_pretrained`
     clip_steps: int             # `pretrain.clip_steps`
@@ -33,10 +39,23 @@ class AggregateSettings:
         seed = params.get(agg, "seed", "aggregate")
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise PipelineError(f"`aggregate.seed` must be a non-negative integer; got {seed!r}")
-        names = params.subset(params.get(params.section(p, "tasks"), "names", "tasks"), "tasks.names", TASK_NAMES)
-        model, pretrain = params.section(p, "model"), params.section(p, "pretrain")
+        names = task_names(p)
+        model, pretrain = ModelSettings.from_params(p), params.section(p, "pretrain")
+        fams = families(p)
+        check_row_labels(fams)
         return cls(profile=p["profile"], n_boot=n_boot, seed=seed, tasks=[get_task(t) for t in names],
-                   study=Study.from_params(f), seeds=seed_list(f, "seeds", "finetune"),
-                   rte_seeds=seed_list(f, "rte_seeds", "finetune"), encoder=params.get(model, "encoder", "model"),
-                   clip=params.get(model, "clip", "model"), clip_pretrained=params.get(model, "clip_pretrained", "model"),
+                   study=Study.from_params(p), seeds=seed_list(f, "seeds", "finetune"),
+                   rte_seeds=seed_list(f, "rte_seeds", "finetune"), families=fams,
+                   encoders={name: ModelSettings.from_params(p, name).encoder for name in fams},
+                   clip=model.clip, clip_pretrained=model.clip_pretrained,
                    clip_steps=params.get(pretrain, "clip_steps", "pretrain"))
+
+
+def check_row_labels(fams: dict[str, Family]) -> None:
+    """The tables key their rows (and results/aggregate.json its entries) by label: two families whose labels
+    make the same row would silently overwrite one another."""
+    labels = Counter([CLIP_ROW] + [row for f in fams.values() for row in (f.label, f.xd_label, f.full_label)])
+    clashes = sorted(label for label, n in labels.items() if n > 1)
+    if clashes:
+        raise PipelineError(f"the `families` labels make the table rows {', '.join(clashes)} more than once (a family's "
+                            f"rows are <label>, XD<label> and X<label>, beside {CLIP_ROW}): give each family its own label")

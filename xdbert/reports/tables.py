@@ -1,32 +1,43 @@
 """The result tables of the paper (Tables 1, 3 and 8): our medians over seeds, their spread, the paired
 bootstrap against the baseline and the paper's numbers, as markdown; and the same numbers as data.
 
+Tables 1 and 8 have rows for every encoder family: its MLM-only baseline (the family's label, e.g. BERT-b),
+its adapted encoder (XDBERT-b) and, in Table 8, its whole cross-modal model (XBERT-b); each Δ row compares a
+model with its own family's baseline. Table 3 has the ablations of `adapt.family` alone.
+
 `render(settings, finetune_dir, adapt_metrics_dir)` reads every finetune run's dev predictions
-(<finetune_dir>/<task>/<run>/predictions.parquet) and, for Table 3, each variant's adaptation metrics
-(<adapt_metrics_dir>/<variant>.json).
+(<finetune_dir>/<task>/<run>/predictions.parquet, <run> as `xdbert.finetuning.runs.run_name` names it) and
+each family's adaptation metrics (<adapt_metrics_dir>/<family>/<variant>.json): Table 3's variants, and the
+MLM head each family's adaptation started from.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
 from xdbert import io
 from xdbert.data.tasks.registry import TaskSpec
-from xdbert.finetuning.runs import CLIP_MODEL, run_name
+from xdbert.finetuning.runs import CLIP_MODEL, Study, run_name
+from xdbert.model.settings import Family
+from xdbert.params import BASELINE, PROPOSED
 from xdbert.reports.aggregate import Cell, Replicates, bootstrap_replicates, cell, compare, read_predictions
 from xdbert.reports.header import header
-from xdbert.reports.settings import AggregateSettings
+from xdbert.reports.settings import CLIP_ROW, AggregateSettings
 
 COLUMN = {"rte": "RTE", "mrpc": "MRPC", "stsb": "STSB", "cola": "CoLA", "sst2": "SST2", "qnli": "QNLI",
           "qqp": "QQP", "mnli": "MNLI", "swag": "SWAG", "read": "READ"}
-BASELINE = "baseline"   # the adapted encoder every Δ row is compared with (MLM only, no CLIP)
 
-# The paper's numbers (PAPER.md), shown beside ours in the paper profile.
+# The paper's numbers (PAPER.md), shown in the paper profile under our row of the same name.
 PAPER_TABLE1 = {
     "CLIP-T": {"rte": 51.62, "mrpc": 76.20, "stsb": 22.07, "cola": 25.41},
     "BERT-b": {"rte": 66.43, "mrpc": 87.38, "stsb": 88.64, "cola": 56.52, "sst2": 92.46, "qnli": 90.92, "qqp": 89.51, "mnli": 84.35, "swag": 81.0},
     "XDBERT-b": {"rte": 69.31, "mrpc": 88.02, "stsb": 89.32, "cola": 57.55, "sst2": 92.78, "qnli": 91.52, "qqp": 89.57, "mnli": 84.75, "swag": 81.35},
+    "ELECTRA-b": {"rte": 78.70, "mrpc": 89.49, "stsb": 90.77, "cola": 66.09, "sst2": 94.5, "qnli": 92.69, "qqp": 90.29, "mnli": 88.23, "swag": 88.60},
+    "XDELECTRA-b": {"rte": 80.51, "mrpc": 90.55, "stsb": 91.04, "cola": 66.76, "sst2": 95.20, "qnli": 93.03, "qqp": 90.4, "mnli": 88.75, "swag": 88.73},
+    "ELECTRA-l": {"rte": 86.64, "mrpc": 91.53, "stsb": 91.88, "cola": 69.27, "sst2": 96.90, "qnli": 94.78, "qqp": 91.34, "mnli": 90.99, "swag": 92.46, "read": 0.685},
+    "XDELECTRA-l": {"rte": 87.73, "mrpc": 92.12, "stsb": 91.97, "cola": 70.98, "sst2": 97.36, "qnli": 94.93, "qqp": 91.29, "mnli": 91.02, "swag": 92.59, "read": 0.635},
 }
 PAPER_TABLE3 = {
     "MLM+MATCH+CLIPTC (proposed)": {"rte": 69.31, "mrpc": 88.02, "stsb": 89.32, "cola": 56.27},
@@ -38,6 +49,8 @@ PAPER_TABLE3 = {
 }
 PAPER_TABLE8 = {
     "XBERT-b": {"rte": 69.31, "mrpc": 88.46, "stsb": 89.59, "cola": 59.05, "sst2": 92.89, "qnli": 91.47, "qqp": 89.37, "mnli": 84.62, "swag": 81.34},
+    "XELECTRA-b": {"rte": 79.78, "mrpc": 91.06, "stsb": 91.46, "cola": 66.8, "sst2": 95.06, "qnli": 93.04, "qqp": 90.62, "mnli": 88.97, "swag": 88.91},
+    "XELECTRA-l": {"rte": 88.45, "mrpc": 92.33, "stsb": 92.04, "cola": 70.51, "sst2": 97.36, "qnli": 94.97, "qqp": 91.4, "mnli": 91.03, "swag": 92.83, "read": 0.565},
 }
 
 
@@ -50,8 +63,13 @@ def scale(task: TaskSpec, value: float) -> float:
     return value if task.metric == "rmse" else 100 * value
 
 
+def digits(task: TaskSpec) -> str:
+    """The format of a value on the paper's scale, with the paper's digits."""
+    return ".3f" if task.metric == "rmse" else ".2f"
+
+
 def fmt(task: TaskSpec, value: float) -> str:
-    return f"{scale(task, value):.3f}" if task.metric == "rmse" else f"{scale(task, value):.2f}"
+    return format(scale(task, value), digits(task))
 
 
 def metric_legend(tasks: list[TaskSpec]) -> str:
@@ -64,36 +82,47 @@ def metric_legend(tasks: list[TaskSpec]) -> str:
     return "Columns: " + "; ".join(parts) + ".\n"
 
 
-def table(rows: dict[str, dict[TaskSpec, Cell]], tasks: list[TaskSpec], deltas: dict[str, dict[TaskSpec, dict]] | None = None,
-          paper: dict[str, dict[str, float]] | None = None) -> str:
-    """Rows of 'median (min-max)'; under a row with deltas, its difference to the baseline with a 95% CI."""
+def markdown_row(label: str, tasks: list[TaskSpec], text: Callable[[TaskSpec], str | None]) -> str:
+    """One table row: `text(task)` under each task's column, a dash where it gives None."""
+    return f"| {label} | " + " | ".join(text(t) or "-" for t in tasks) + " |"
+
+
+def cell_text(t: TaskSpec, c: Cell | None) -> str | None:
+    if c is None:
+        return None
+    lo, hi = c.spread
+    return f"{fmt(t, c.median)} <sub>({fmt(t, lo)}–{fmt(t, hi)})</sub>"
+
+
+def delta_text(t: TaskSpec, d: dict | None) -> str | None:
+    if d is None:
+        return None
+    star = "*" if d["significant"] else ""
+    return f"{scale(t, d['delta']):+.2f}{star} <sub>[{scale(t, d['ci_low']):+.2f}, {scale(t, d['ci_high']):+.2f}]</sub>"
+
+
+def paper_row(name: str, vals: dict[str, float], tasks: list[TaskSpec]) -> str:
+    return markdown_row(f"*paper: {name}*", tasks, lambda t: f"*{vals[t.name]:{digits(t)}}*" if t.name in vals else None)
+
+
+def table(rows: dict[str, dict[TaskSpec, Cell]], tasks: list[TaskSpec], deltas: dict[str, dict[TaskSpec, dict]],
+          against: dict[str, str], paper: dict[str, dict[str, float]] | None = None) -> str:
+    """Rows of 'median (min-max)'; under a row with deltas, its difference to the row `against[name]` with a 95%
+    CI; under a row the paper has (the same name), the paper's numbers. The paper's rows we have no row for
+    close the table."""
+    paper = paper or {}
     out = ["| model | " + " | ".join(COLUMN[t.name] for t in tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
     for name, cells in rows.items():
-        vals = []
-        for t in tasks:
-            c = cells.get(t)
-            if c is None:
-                vals.append("-")
-            else:
-                lo, hi = c.spread
-                vals.append(f"{fmt(t, c.median)} <sub>({fmt(t, lo)}–{fmt(t, hi)})</sub>")
-        out.append(f"| {name} | " + " | ".join(vals) + " |")
-        if deltas and name in deltas:
-            ds = []
-            for t in tasks:
-                d = deltas[name].get(t)
-                if d is None:
-                    ds.append("-")
-                else:
-                    star = "*" if d["significant"] else ""
-                    ds.append(f"{scale(t, d['delta']):+.2f}{star} <sub>[{scale(t, d['ci_low']):+.2f}, {scale(t, d['ci_high']):+.2f}]</sub>")
-            out.append("| ↳ Δ vs baseline | " + " | ".join(ds) + " |")
-    for name, vals in (paper or {}).items():
-        out.append(f"| *paper: {name}* | " + " | ".join(f"*{vals[t.name]}*" if t.name in vals else "-" for t in tasks) + " |")
+        out.append(markdown_row(name, tasks, lambda t: cell_text(t, cells.get(t))))
+        if name in deltas:
+            out.append(markdown_row(f"↳ Δ vs {against[name]}", tasks, lambda t: delta_text(t, deltas[name].get(t))))
+        if name in paper:
+            out.append(paper_row(name, paper[name], tasks))
+    out += [paper_row(name, vals, tasks) for name, vals in paper.items() if name not in rows]
     return "\n".join(out) + "\n"
 
 
-ADAPT_COLUMNS = (  # metrics/adapt/<variant>.json key, column, format
+ADAPT_COLUMNS = (  # metrics/adapt/<family>/<variant>.json key, column, format
     ("steps", "steps", "{}"),
     ("valid_mlm_accuracy", "MLM acc.", "{:.3f}"),
     ("valid_mlm_perplexity", "MLM ppl.", "{:.1f}"),
@@ -103,29 +132,47 @@ ADAPT_COLUMNS = (  # metrics/adapt/<variant>.json key, column, format
 )
 
 
-def adaptation_table(metrics: dict[str, dict]) -> str:
-    """What each adaptation variant reached on held-out windows, beside the finetuning it led to."""
+def adaptation_table(metrics: dict[str, dict], family: str) -> str:
+    """What each adaptation variant of `family` reached on held-out windows, beside the finetuning it led to."""
     lines = ["| variant | " + " | ".join(c for _, c, _ in ADAPT_COLUMNS) + " |", "|---|" + "---|" * len(ADAPT_COLUMNS)]
     for name, m in metrics.items():
         lines.append(f"| {name} | " + " | ".join(f.format(m[k]) if k in m else "-" for k, _, f in ADAPT_COLUMNS) + " |")
-    return ("\n## Adaptation (held-out valid windows, metrics/adapt/<variant>.json)\n\n" + "\n".join(lines) + "\n\n"
-            "A dash: the variant does not train that loss. MATCH: each window sees another window's CLIP text with "
+    return (f"\n## Adaptation (held-out valid windows, metrics/adapt/{family}/<variant>.json)\n\n" + "\n".join(lines)
+            + "\n\nA dash: the variant does not train that loss. MATCH: each window sees another window's CLIP text with "
             "probability 0.5; *MATCH majority* is the larger class's share of the sampled windows, what a model that "
             "learned nothing scores.\n")
 
 
+def mlm_head_note(heads: dict[Family, str | None]) -> str:
+    """How each family's MLM head started its adaptation (`mlm_head` of metrics/adapt/<family>/xdbert.json; None:
+    metrics written before the key): a random head sends large random gradients into the encoder at first, so
+    a family that starts from one is not on the same footing as one that starts from its checkpoint's head."""
+    def how(source: str | None) -> str:
+        if source is None:
+            return "unknown (its adaptation metrics predate the `mlm_head` key)"
+        if source.startswith("pretrained:"):
+            return f"copied from the pretrained MLM head of `{source.removeprefix('pretrained:')}`"
+        return ("random: its checkpoint ships no MLM head (as ELECTRA discriminators: theirs is the separate "
+                "generator's, which is not loaded)")
+    lines = [f"- {f.label}: {how(source)}" for f, source in heads.items()]
+    return "\n## MLM head at the start of adaptation\n\n" + "\n".join(lines) + "\n"
+
+
 def footnotes(n_boot: int) -> str:
-    return (f"\nCells: median over seeds, with (min–max) across seeds. Δ rows: median difference to the baseline "
-            f"with a 95% paired bootstrap interval over dev examples ({n_boot} resamples, the same examples for both "
-            f"models and every seed); * marks an interval that excludes 0.\n")
+    return (f"\nCells: median over seeds, with (min–max) across seeds. Δ rows: median difference to the row they "
+            f"name (in Tables 1 and 8, the model's own family's baseline) with a 95% paired bootstrap interval over "
+            f"dev examples ({n_boot} resamples, the same examples for both models and every seed); * marks an "
+            f"interval that excludes 0.\n")
 
 
 def models_line(s: AggregateSettings) -> str:
-    """The header's `models:` line: which encoder and CLIP tower, and where their weights come from."""
-    encoder_origin = " (pretrained on the corpus by `pretrain_encoder`)" if s.encoder.startswith("random:") else ""
+    """The header's `models:` line: each family's encoder and the CLIP tower, and where their weights come from."""
+    encoders = [f"{f.label} `{s.encoders[name]}`"
+                + (f" (pretrained on the corpus by `pretrain_encoder@{name}`)" if s.encoders[name].startswith("random:") else "")
+                for name, f in s.families.items()]
     clip_origin = s.clip_pretrained or (f"random init + {s.clip_steps} steps of next-token prediction on the corpus"
                                         if s.clip_steps else "random init")
-    return f"encoder `{s.encoder}`{encoder_origin}, CLIP `{s.clip}` ({clip_origin})"
+    return f"encoders {', '.join(encoders)}; CLIP `{s.clip}` ({clip_origin})"
 
 
 def seeds_line(s: AggregateSettings) -> str:
@@ -145,7 +192,8 @@ def protocol_note(s: AggregateSettings) -> str:
         lr = f"lr {p.lr:g} for every task" if p.lr is not None else "Table 1's rate of each task"
         seeds = f"seeds {', '.join(map(str, p.seeds))} on every task" if p.seeds else "Table 1's seeds of each task"
         how = (f"Table 3's own protocol, as the paper ran its ablations: {lr}, {seeds}. The baseline and Table 1's "
-               f"models are rerun under it (runs `table3_<name>`), so every row of this table shares it.")
+               f"models are rerun under it (runs `{s.study.ablation_family}/table3_<name>`), so every row of this "
+               f"table shares it.")
     else:
         how = "Table 1's runs: its rate and seeds of each task (`finetune.ablation_lr` and `ablation_seeds` are null)."
     return (f"\nFinetuning: {how}\n\nNot reproduced: the paper's row *wiki (14G), same steps* adapts on a 14 GB "
@@ -156,6 +204,18 @@ def protocol_note(s: AggregateSettings) -> str:
 # ----------------------------------------------------------------------------------------------------
 # Tables 1, 3 and 8
 # ----------------------------------------------------------------------------------------------------
+
+def family_rows(f: Family, study: Study, full: bool) -> dict[str, str]:
+    """A family's rows (label -> run): its baseline, which every Δ of the family is against; its adapted encoder
+    where `finetune.models` has it; with `full` (Table 8), its whole cross-modal model where `finetune.full_models`
+    has it. Both lists can only name the family's own adaptations (`Study.from_params`)."""
+    rows = {f.label: run_name("encoder", BASELINE, f.name)}
+    if PROPOSED in study.models:
+        rows[f.xd_label] = run_name("encoder", PROPOSED, f.name)
+    if full and PROPOSED in study.full_models:
+        rows[f.full_label] = run_name("full", PROPOSED, f.name)
+    return rows
+
 
 class _Tables:
     """The three tables of one aggregate: every run's predictions read once, every Δ row's replicates drawn once."""
@@ -170,30 +230,28 @@ class _Tables:
             self.preds[run, task] = read_predictions(self.finetune_dir / task.name / run / "predictions.parquet")
         return self.preds[run, task]
 
-    def resample(self, needed: list[tuple[dict[str, str], list[TaskSpec], str]]) -> None:
-        """Each (run, task) that a Δ row needs is resampled once: the baseline and xdbert are in all three tables.
-        `needed`: (runs, tasks, the baseline run they are compared with)."""
-        pairs = {(r, t.name): (r, t) for runs, ts, base in needed for r in [base, *runs.values()] for t in ts}
-        for key in sorted(pairs):
-            r, t = pairs[key]
-            self.replicates[r, t] = bootstrap_replicates(self.load(r, t), t, self.s.n_boot, self.s.seed)
+    def resampled(self, run: str, task: TaskSpec) -> Replicates:
+        """A run's bootstrap replicates, drawn once: a family's baseline and XD encoder are in several tables.
+        Every run of a task is resampled from the same seed, so any two are paired."""
+        if (run, task) not in self.replicates:
+            self.replicates[run, task] = bootstrap_replicates(self.load(run, task), task, self.s.n_boot, self.s.seed)
+        return self.replicates[run, task]
 
-    def deltas(self, runs: dict[str, str], tasks: list[TaskSpec], baseline: str) -> dict[str, dict[TaskSpec, dict]]:
-        return {label: {t: compare(self.replicates[r, t], self.replicates[baseline, t]) for t in tasks}
-                for label, r in runs.items() if r != baseline}
+    def deltas(self, runs: dict[str, str], against: dict[str, str], tasks: list[TaskSpec]) -> dict[str, dict[TaskSpec, dict]]:
+        return {label: {t: compare(self.resampled(runs[label], t), self.resampled(runs[base], t)) for t in tasks}
+                for label, base in against.items() if label in runs}
 
     def render(self, title: str, runs: dict[str, str], tasks: list[TaskSpec], row_tasks: dict[str, list[TaskSpec]],
-               compared: dict[str, str], paper_rows: dict, extra: str = "", baseline: str = BASELINE,
-               seeds: str = "") -> tuple[str, dict]:
+               against: dict[str, str], paper_rows: dict, extra: str = "", seeds: str = "") -> tuple[str, dict]:
         """(markdown, results) of one table: a row per run label, its cells on `row_tasks[label]` (default `tasks`),
-        Δ rows for the labels in `compared` against the run `baseline`; `seeds`: the header's seeds line
+        a Δ row for each of them in `against` against the row it maps to; `seeds`: the header's seeds line
         (default Table 1's)."""
         s = self.s
         body = {label: {t: cell(self.load(runs[label], t), t) for t in row_tasks.get(label, tasks)} for label in runs}
-        d = self.deltas(compared, tasks, baseline)
+        d = self.deltas(runs, against, tasks)
         text = (header(title, s.profile, models_line(s), seeds or seeds_line(s)) + "\n" + metric_legend(tasks) + "\n"
-                + table(body, tasks, d, paper_rows if s.profile == "paper" else None) + footnotes(s.n_boot) + extra
-                + "\n## Every metric (median over seeds)\n\n"
+                + table(body, tasks, d, against, paper_rows if s.profile == "paper" else None) + footnotes(s.n_boot)
+                + extra + "\n## Every metric (median over seeds)\n\n"
                 + "\n".join(f"- {label} / {t.name}: " + ", ".join(f"{k} {v:.4f}" for k, v in c.all_metrics.items())
                             for label, cs in body.items() for t, c in cs.items())
                 + self.other_splits(runs, row_tasks, tasks) + "\n")
@@ -218,23 +276,25 @@ def render(s: AggregateSettings, finetune_dir: Path, adapt_metrics_dir: Path) ->
     given = {t.name: t for t in s.tasks}
     every = [given[name] for name in COLUMN if name in given]  # the columns in the paper's order
     ablation_tasks = [t for t in every if t.name in study.ablation_tasks]
-    encoders = {BASELINE: BASELINE, **{m: run_name("encoder", m) for m in study.models if m != BASELINE}}
+    fams = list(s.families.values())
+    table1 = {label: r for f in fams for label, r in family_rows(f, study, full=False).items()}
+    table8 = {label: r for f in fams for label, r in family_rows(f, study, full=True).items()}
+    against = {label: f.label for f in fams for label in (f.xd_label, f.full_label)}  # each family's own baseline
+    ablated = s.families[study.ablation_family]
     variants = study.table3_runs()
-    table3_baseline = variants.pop(BASELINE, BASELINE)
-    full = {f"full {m}": run_name("full", m) for m in study.full_models}
+    table3 = {BASELINE: variants.pop(BASELINE, run_name("encoder", BASELINE, ablated.name)), **variants}
+    adapted = {v: io.read_json(Path(adapt_metrics_dir) / ablated.name / f"{v}.json") for v in table3}
+    heads = {f: io.read_json(Path(adapt_metrics_dir) / f.name / f"{PROPOSED}.json").get("mlm_head") for f in fams}
 
     tables = _Tables(s, finetune_dir)
-    tables.resample([(encoders, every, BASELINE), (variants, ablation_tasks, table3_baseline), (full, every, BASELINE)])
-    clip_row = {"CLIP-T": [t for t in every if t.name in study.clip_tasks]}
-    adapted = {v: io.read_json(Path(adapt_metrics_dir) / f"{v}.json") for v in [BASELINE, *variants]}
     rendered = {
-        "table1": tables.render("Table 1: main results (dev sets)", {"CLIP-T": run_name("clip", CLIP_MODEL), **encoders},
-                                every, clip_row, encoders, PAPER_TABLE1),
-        "table3": tables.render("Table 3: adaptation ablations", {BASELINE: table3_baseline, **variants}, ablation_tasks, {},
-                                variants, PAPER_TABLE3, protocol_note(s) + adaptation_table(adapted), table3_baseline,
-                                table3_seeds(s)),
-        "table8": tables.render("Table 8: finetuning the full cross-modal model", {BASELINE: BASELINE, **encoders, **full},
-                                every, {}, {**encoders, **full}, PAPER_TABLE8),
+        "table1": tables.render("Table 1: main results (dev sets)", {CLIP_ROW: run_name("clip", CLIP_MODEL), **table1},
+                                every, {CLIP_ROW: [t for t in every if t.name in study.clip_tasks]}, against,
+                                PAPER_TABLE1, mlm_head_note(heads)),
+        "table3": tables.render(f"Table 3: adaptation ablations ({ablated.label})", table3, ablation_tasks, {},
+                                dict.fromkeys(variants, BASELINE), PAPER_TABLE3,
+                                protocol_note(s) + adaptation_table(adapted, ablated.name), table3_seeds(s)),
+        "table8": tables.render("Table 8: finetuning the full cross-modal model", table8, every, {}, against, PAPER_TABLE8),
     }
     return {name: text for name, (text, _) in rendered.items()}, {name: r for name, (_, r) in rendered.items()}
 

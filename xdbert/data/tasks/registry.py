@@ -86,6 +86,13 @@ TASK_SPECS: dict[str, TaskSpec] = {t.name: t for t in (
 TASK_NAMES = tuple(TASK_SPECS)
 
 
+def task_names(params: dict) -> list[str]:
+    """`tasks.names`, checked: the tasks every later stage finetunes and reports on."""
+    from xdbert import params as P
+
+    return P.subset(P.get(P.section(params, "tasks"), "names", "tasks"), "tasks.names", TASK_NAMES)
+
+
 def get_task(name: str) -> TaskSpec:
     """The spec of task `name`; an unknown name is a PipelineError listing the allowed ones."""
     if name not in TASK_SPECS:

@@ -92,6 +92,19 @@ def load_encoder_tokenizer(name: str):
     return tok
 
 
+def check_shared_vocabulary(encoder: str, family: str, tokenizer_dir) -> None:
+    """A family's pretrained encoder reads the token shards, which `model.encoder`'s tokenizer wrote: the two
+    vocabularies must be the same (BERT-uncased's and ELECTRA's are), id for id."""
+    if encoder.startswith("random:"):
+        return  # built on the trained vocabulary itself
+    own = load_encoder_tokenizer(encoder).get_vocab()
+    shards = load_encoder_tokenizer(str(tokenizer_dir)).get_vocab()
+    if own != shards:
+        raise PipelineError(f"family {family!r}'s encoder `{encoder}` has its own vocabulary ({len(own)} tokens), not the one "
+                            f"the token shards were written with ({tokenizer_dir}, {len(shards)} tokens, from `model.encoder`): "
+                            f"the study's families must share one WordPiece vocabulary")
+
+
 def vocab_hash(vocab: dict[str, int]) -> str:
     """sha256 of a vocabulary in id order: two tokenizers with the same hash give the same ids."""
     items = sorted(vocab.items(), key=lambda kv: (kv[1], kv[0]))
