@@ -30,9 +30,10 @@ def main() -> None:
     p = params.load()
     model = ModelSettings.from_params(p, family)
     settings = AdaptSettings.from_params(p, variant)
-    if variant not in (params.PROPOSED, params.BASELINE) and family != ablation_family(p).name:
-        raise PipelineError(f"the ablation variant {variant!r} is adapted on `adapt.family` ({ablation_family(p).name}) "
-                            f"only; family {family!r} has {params.PROPOSED} and {params.BASELINE}")
+    ablated = ablation_family(p).name
+    if variant not in (params.PROPOSED, params.BASELINE) and family != ablated:
+        raise PipelineError(f"the ablation variant {variant!r} is adapted on `adapt.family` ({ablated}) only; "
+                            f"family {family!r} has {params.PROPOSED} and {params.BASELINE}")
     name = f"{family}/{variant}"
     stage = {params.PROPOSED: f"adapt@{family}", params.BASELINE: f"adapt_baseline@{family}"}.get(variant, f"ablate@{variant}")
 

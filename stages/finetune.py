@@ -2,11 +2,12 @@
 
     python stages/finetune.py
 
-Every run of every family and task (`xdbert.finetuning.runs`) is submitted at once to the grid's Ray workers
-(xdbert.finetuning.grid), so a machine's cores and GPUs, or a cluster's, are all kept busy. Results:
-results/finetune/<task>/<family>/<run>/{metrics.json,predictions.parquet} (CLIP-T: <task>/clip_t), the folder written atomically. Every
-finished run is also kept in checkpoints/runs/ under a key of what decided it: a rerun of the stage, after
-a kill or after one model, task or setting changed, trains only the runs whose key is new.
+Every run of every family and task (`xdbert.finetuning.runs`) is submitted at once to the grid's Ray
+workers (xdbert.finetuning.grid), so a machine's cores and GPUs, or a cluster's, are all kept busy.
+Results: results/finetune/<task>/<family>/<run>/{metrics.json,predictions.parquet} (CLIP-T:
+<task>/clip_t), the folder written atomically. Every finished run is also kept in checkpoints/runs/ under
+a key of what decided it: a rerun of the stage, after a kill or after one model, task or setting changed,
+trains only the runs whose key is new.
 """
 import sys
 
@@ -58,7 +59,8 @@ def main() -> None:
             task_results = [next(flat) for _ in runs]
             for r, job, results in zip(runs, task_jobs, task_results):
                 metrics = write_results(tmp / task.name / r.name, job, results, {
-                    "run": r.name, "family": r.family, "model": r.model, "model_path": job.model_path, "profile": p["profile"],
+                    "run": r.name, "family": r.family, "model": r.model, "model_path": job.model_path,
+                    "profile": p["profile"],
                     "seeds_list": settings.seeds_of(r), "protocol": r.protocol, "lr_table": settings.lr,
                 })
                 print(f"finetune {task.name} {r.name}: median {task.metric} {metrics['headline']} over {len(results)} seeds")
