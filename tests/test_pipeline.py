@@ -1,15 +1,16 @@
-"""The DVC graph itself: a fresh repository runs, a second run skips, a changed param reruns what depends on it."""
+"""The DVC graph itself: a fresh repository runs, a second run skips, a changed param reruns what depends on it;
+then the fault campaign's short form on the project these tests reproduced."""
 import json
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from xdbert import paths, profiles
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import faults  # noqa: E402
 
 
 def sh(*cmd: str, cwd: Path) -> str:
@@ -24,18 +25,9 @@ def ran(log: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """A copy of the pipeline with the micro profile, in its own git + DVC repository."""
-    repo = tmp_path_factory.mktemp("pipeline")
-    for name in paths.PIPELINE_FILES:
-        src = ROOT / name
-        (shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__")) if src.is_dir()
-         else shutil.copy(src, repo / name))
-    (repo / "params.yaml").write_text(profiles.render("micro", {}))  # every stage, toy sizes
-    (repo / ".gitignore").write_text("/logs/\n/checkpoints/\n")  # as the project's: run logs and caches stay local
-    sh("git", "init", "-q", "-b", "main", cwd=repo)
-    sh("dvc", "init", "-q", cwd=repo)
-    sh("git", "add", "-A", cwd=repo)
-    sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline", cwd=repo)
+    """A copy of the pipeline with the micro profile (every stage, toy sizes), in its own git + DVC repository."""
+    repo = tmp_path_factory.mktemp("pipeline") / "micro"
+    faults.make_project(repo)
     return repo
 
 
@@ -148,3 +140,15 @@ def test_a_pushed_run_is_pulled_not_recomputed(repo, tmp_path):
     assert (clone / "reports/table1.md").read_bytes() == (repo / "reports/table1.md").read_bytes()
     assert "up to date" in sh("dvc", "status", cwd=clone)
     assert ran(sh("dvc", "repro", cwd=clone)) == set()
+
+
+@pytest.mark.slow
+def test_the_short_campaign_loses_nothing(repo, tmp_path):
+    """One kill per stage, four damaged inputs and a full disk, on a copy of the project reproduced above: every
+    fault survived."""
+    r = subprocess.run([sys.executable, str(ROOT / "tools/faults.py"), "--short", "--project", str(repo), "--work",
+                        str(tmp_path), "--report", str(tmp_path / "report.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "reference: dvc repro in" in r.stdout
+    counts = json.loads((tmp_path / "report.json").read_text())["counts"]
+    assert counts["injected"] >= 9 and counts["survived"] == counts["injected"], counts

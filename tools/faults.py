@@ -1,10 +1,11 @@
 """Fault injection, counted: kills, damaged inputs and a full disk, on the micro profile.
 
-    python tools/faults.py [--kills 32] [--short] [--seed 0] [--work DIR] [--report FILE]
+    python tools/faults.py [--kills 32] [--short] [--seed 0] [--work DIR] [--project DIR] [--report FILE]
 
 1. Builds the pipeline in a fresh git + DVC repository (DIR, default a temporary folder) with the micro
    profile and runs `dvc repro` once, uninterrupted: the reference. Every declared output of dvc.yaml
-   (outs, metrics, plots) is hashed.
+   (outs, metrics, plots) is hashed. `--project` copies a micro project that has been reproduced already
+   (the end-to-end test's) instead, so the reference run only finds it up to date.
 2. Kills: for a stage (dual_tokenize, adapt@bert, finetune, aggregate) and a random moment of its
    run (for the stages that checkpoint, every other kill comes shortly after a checkpoint is saved, in
    the middle of training), `dvc repro --force --single-item STAGE` runs in its own process group, which
@@ -132,7 +133,7 @@ class Campaign:
         if missing:
             raise SystemExit(f"the reference run did not write {missing}")
         sh(["git", "add", "-A"], self.repo)
-        sh(["git", "-c", "user.name=faults", "-c", "user.email=faults@localhost", "commit", "-qm", "reference"], self.repo)
+        sh(["git", "-c", "user.name=faults", "-c", "user.email=faults@localhost", "commit", "-qm", "reference", "--allow-empty"], self.repo)
         print(f"reference: dvc repro in {time.time() - t0:.0f} s, {len(self.ref)} declared outputs", flush=True)
 
     def differences(self, allow_absent: bool) -> list[str]:
@@ -317,6 +318,7 @@ def main() -> None:
     ap.add_argument("--short", action="store_true", help="CI's form: one kill per stage, four damaged inputs, one full disk")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, help="where the micro project goes (default: a temporary folder)")
+    ap.add_argument("--project", type=Path, help="a micro-profile git + DVC project to copy instead of making one")
     ap.add_argument("--report", type=Path, help="also write the counts and every fault as JSON here")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -324,7 +326,10 @@ def main() -> None:
     repo = work / "micro"
     if repo.exists():
         shutil.rmtree(repo)
-    make_project(repo)
+    if args.project:  # DVC's own state (locks, index) stays behind: the copy builds its own
+        shutil.copytree(args.project, repo, symlinks=True, ignore=lambda d, names: ["tmp"] if Path(d).name == ".dvc" else [])
+    else:
+        make_project(repo)
     c = Campaign(repo, rng)
     c.reference()
     py = sys.executable
