@@ -3,6 +3,7 @@ the real ids and the revisions its lock records; its params differ from the pape
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import datasets
@@ -125,3 +126,28 @@ def test_unknown_sizes_is_one_clear_error(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip() == "error: unknown --sizes 'huge'; allowed: tiny, paper"
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.rehearsal
+def test_the_untouched_paper_profile_runs_end_to_end_offline(tmp_path):
+    """`xdbert rehearse --sizes tiny`: the paper profile's whole graph, offline against the mirror, writes every
+    report, with Table 1's seven rows named as the paper names them and the paper's row under each."""
+    out = tmp_path / "r"
+    done = subprocess.run(["xdbert", "rehearse", "--sizes", "tiny", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert f"reports in {out / 'reports'}:" in done.stdout
+    for report in ("table1.md", "table2.md", "table3.md", "table8.md", "figure4.md", "figure4.png", "attention.md"):
+        assert str(out / "reports" / report) in done.stdout
+    table1 = (out / "reports/table1.md").read_text()
+    rows = [line.split(" | ")[0][2:] for line in table1.splitlines() if line.startswith("| ")]
+    ours = [r for r in rows if r in {"CLIP-T", "BERT-b", "XDBERT-b", "ELECTRA-b", "XDELECTRA-b", "ELECTRA-l", "XDELECTRA-l"}]
+    assert ours == ["CLIP-T", "BERT-b", "XDBERT-b", "ELECTRA-b", "XDELECTRA-b", "ELECTRA-l", "XDELECTRA-l"], rows
+    assert all(f"*paper: {row}*" in rows for row in ours)
+    table8 = (out / "reports/table8.md").read_text()
+    assert all(f"| {row} | " in table8 for row in ("XBERT-b", "XELECTRA-b", "XELECTRA-l"))
+    table2 = (out / "reports/table2.md").read_text()
+    assert "BERT-b" in table2 and "ELECTRA-b" in table2
+    assert "wiki (14G)" in (out / "reports/table3.md").read_text()
+    assert list((out / "reports/attention").glob("*.png"))
+    status = subprocess.run(["dvc", "status"], cwd=out, capture_output=True, text=True, env=rehearse.offline_env(out))
+    assert "up to date" in status.stdout, status.stdout  # every stage ran and is recorded in dvc.lock
