@@ -133,7 +133,8 @@ class Campaign:
         if missing:
             raise SystemExit(f"the reference run did not write {missing}")
         sh(["git", "add", "-A"], self.repo)
-        sh(["git", "-c", "user.name=faults", "-c", "user.email=faults@localhost", "commit", "-qm", "reference", "--allow-empty"], self.repo)
+        sh(["git", "-c", "user.name=faults", "-c", "user.email=faults@localhost", "commit", "-qm", "reference",
+            "--allow-empty"], self.repo)  # a copied --project may hold nothing new
         print(f"reference: dvc repro in {time.time() - t0:.0f} s, {len(self.ref)} declared outputs", flush=True)
 
     def differences(self, allow_absent: bool) -> list[str]:
