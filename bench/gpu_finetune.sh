@@ -7,14 +7,7 @@
 set -u
 task=${1:-sst2} epochs=${2:-5} lr=${3:-5e-5} train=${4:-2000}
 out=${OUT:-bench/results/gpu}
-mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+source bench/gpu_env.sh
 common=(--task "$task" --epochs "$epochs" --lr "$lr" --train "$train" --seeds 1 --out "$out")
 # 1. CUDA graphs (what finetune.compile does on a GPU), 1 to 8 runs sharing the GPU
 timeout 300 python3 bench/finetune_share.py "${common[@]}" --runs 1,2,4,8 --compile --name share_cudagraphs 2>&1 | tee -a "$out/log.txt" | tail -n 30

@@ -104,9 +104,20 @@ def bert_vocab() -> Path:
 
 def write_encoder(folder: Path, repo_id: str, sizes: str, seed: int) -> None:
     """config.json, model.safetensors (random), vocab.txt, tokenizer.json and tokenizer_config.json of `repo_id`."""
+    from transformers import BertTokenizer
+
+    write_encoder_weights(folder, repo_id, sizes, seed)
+    shutil.copy(bert_vocab(), folder / "vocab.txt")
+    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG) + "\n", encoding="utf-8")
+    # the hub serves tokenizer.json beside vocab.txt, and AutoTokenizer prefers it: the same WordPiece, built from vocab.txt
+    BertTokenizer.from_pretrained(str(folder)).backend_tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def write_encoder_weights(folder: Path, repo_id: str, sizes: str, seed: int) -> None:
+    """config.json and model.safetensors of `repo_id`: its released config, random weights in its key layout."""
     import torch
     import transformers
-    from transformers import AutoConfig, BertTokenizer
+    from transformers import AutoConfig
 
     if repo_id not in MODEL_CONFIGS:
         raise PipelineError(f"the rehearsal has no offline stand-in for model `{repo_id}`; it has: {', '.join(MODEL_CONFIGS)}")
@@ -117,14 +128,11 @@ def write_encoder(folder: Path, repo_id: str, sizes: str, seed: int) -> None:
     model_type = config["model_type"]
     model_class = getattr(transformers, PRETRAINING_CLASSES[model_type])
     model = model_class(AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"}))
+    folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:  # save_pretrained handles the tied decoder; its config is not the hub's
         model.save_pretrained(tmp, safe_serialization=True)
         shutil.copy(Path(tmp) / "model.safetensors", folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    shutil.copy(bert_vocab(), folder / "vocab.txt")
-    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG) + "\n", encoding="utf-8")
-    # the hub serves tokenizer.json beside vocab.txt, and AutoTokenizer prefers it: the same WordPiece, built from vocab.txt
-    BertTokenizer.from_pretrained(str(folder)).backend_tokenizer.save(str(folder / "tokenizer.json"))
 
 
 def write_clip_weights(folder: Path, name: str, pretrained: str, seed: int) -> None:
