@@ -39,14 +39,17 @@ PAPER_TABLE1 = {
     "ELECTRA-l": {"rte": 86.64, "mrpc": 91.53, "stsb": 91.88, "cola": 69.27, "sst2": 96.90, "qnli": 94.78, "qqp": 91.34, "mnli": 90.99, "swag": 92.46, "read": 0.685},
     "XDELECTRA-l": {"rte": 87.73, "mrpc": 92.12, "stsb": 91.97, "cola": 70.98, "sst2": 97.36, "qnli": 94.93, "qqp": 91.29, "mnli": 91.02, "swag": 92.59, "read": 0.635},
 }
+# Table 3's rows keyed by the variant that reproduces each (the paper profile's names), and the paper's names
 PAPER_TABLE3 = {
-    "MLM+MATCH+CLIPTC (proposed)": {"rte": 69.31, "mrpc": 88.02, "stsb": 89.32, "cola": 56.27},
-    "MLM+MATCH": {"rte": 70.04, "mrpc": 86.93, "stsb": 88.8, "cola": 54.62},
-    "MLM": {"rte": 68.23, "mrpc": 87.25, "stsb": 89.29, "cola": 54.78},
-    "1 cross-attention layer": {"rte": 66.79, "mrpc": 87.66, "stsb": 89.32, "cola": 53.62},
-    "2 epochs": {"rte": 69.31, "mrpc": 88.04, "stsb": 89.31, "cola": 55.91},
-    "20 epochs": {"rte": 57.4, "mrpc": 87.74},
+    PROPOSED: {"rte": 69.31, "mrpc": 88.02, "stsb": 89.32, "cola": 56.27},
+    "mlm_match": {"rte": 70.04, "mrpc": 86.93, "stsb": 88.8, "cola": 54.62},
+    "mlm": {"rte": 68.23, "mrpc": 87.25, "stsb": 89.29, "cola": 54.78},
+    "one_cross": {"rte": 66.79, "mrpc": 87.66, "stsb": 89.32, "cola": 53.62},
+    "two_epochs": {"rte": 69.31, "mrpc": 88.04, "stsb": 89.31, "cola": 55.91},
+    "twenty_epochs": {"rte": 57.4, "mrpc": 87.74},
 }
+PAPER_TABLE3_NAMES = {PROPOSED: "MLM+MATCH+CLIPTC (proposed)", "mlm_match": "MLM+MATCH", "mlm": "MLM",
+                      "one_cross": "1 cross-attention layer", "two_epochs": "2 epochs", "twenty_epochs": "20 epochs"}
 PAPER_TABLE8 = {
     "XBERT-b": {"rte": 69.31, "mrpc": 88.46, "stsb": 89.59, "cola": 59.05, "sst2": 92.89, "qnli": 91.47, "qqp": 89.37, "mnli": 84.62, "swag": 81.34},
     "XELECTRA-b": {"rte": 79.78, "mrpc": 91.06, "stsb": 91.46, "cola": 66.8, "sst2": 95.06, "qnli": 93.04, "qqp": 90.62, "mnli": 88.97, "swag": 88.91},
@@ -106,19 +109,20 @@ def paper_row(name: str, vals: dict[str, float], tasks: list[TaskSpec]) -> str:
 
 
 def table(rows: dict[str, dict[TaskSpec, Cell]], tasks: list[TaskSpec], deltas: dict[str, dict[TaskSpec, dict]],
-          against: dict[str, str], paper: dict[str, dict[str, float]] | None = None) -> str:
+          against: dict[str, str], paper: dict[str, dict[str, float]] | None = None,
+          paper_names: dict[str, str] | None = None) -> str:
     """Rows of 'median (min-max)'; under a row with deltas, its difference to the row `against[name]` with a 95%
-    CI; under a row the paper has (the same name), the paper's numbers. The paper's rows we have no row for
-    close the table."""
-    paper = paper or {}
+    CI; under a row the paper has (keyed by our row's name), the paper's numbers, under the paper's name where
+    `paper_names` gives one. The paper's rows we have no row for close the table."""
+    paper, named = paper or {}, paper_names or {}
     out = ["| model | " + " | ".join(COLUMN[t.name] for t in tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
     for name, cells in rows.items():
         out.append(markdown_row(name, tasks, lambda t: cell_text(t, cells.get(t))))
         if name in deltas:
             out.append(markdown_row(f"↳ Δ vs {against[name]}", tasks, lambda t: delta_text(t, deltas[name].get(t))))
         if name in paper:
-            out.append(paper_row(name, paper[name], tasks))
-    out += [paper_row(name, vals, tasks) for name, vals in paper.items() if name not in rows]
+            out.append(paper_row(named.get(name, name), paper[name], tasks))
+    out += [paper_row(named.get(name, name), vals, tasks) for name, vals in paper.items() if name not in rows]
     return "\n".join(out) + "\n"
 
 
@@ -242,15 +246,17 @@ class _Tables:
                 for label, base in against.items() if label in runs}
 
     def render(self, title: str, runs: dict[str, str], tasks: list[TaskSpec], row_tasks: dict[str, list[TaskSpec]],
-               against: dict[str, str], paper_rows: dict, extra: str = "", seeds: str = "") -> tuple[str, dict]:
+               against: dict[str, str], paper_rows: dict, extra: str = "", seeds: str = "",
+               paper_names: dict[str, str] | None = None) -> tuple[str, dict]:
         """(markdown, results) of one table: a row per run label, its cells on `row_tasks[label]` (default `tasks`),
         a Δ row for each of them in `against` against the row it maps to; `seeds`: the header's seeds line
-        (default Table 1's)."""
+        (default Table 1's); the paper's rows as `table` shows them."""
         s = self.s
         body = {label: {t: cell(self.load(runs[label], t), t) for t in row_tasks.get(label, tasks)} for label in runs}
         d = self.deltas(runs, against, tasks)
         text = (header(title, s.profile, models_line(s), seeds or seeds_line(s)) + "\n" + metric_legend(tasks) + "\n"
-                + table(body, tasks, d, against, paper_rows if s.profile == "paper" else None) + footnotes(s.n_boot)
+                + table(body, tasks, d, against, paper_rows if s.profile == "paper" else None, paper_names)
+                + footnotes(s.n_boot)
                 + extra + "\n## Every metric (median over seeds)\n\n"
                 + "\n".join(f"- {label} / {t.name}: " + ", ".join(f"{k} {v:.4f}" for k, v in c.all_metrics.items())
                             for label, cs in body.items() for t, c in cs.items())
@@ -293,7 +299,8 @@ def render(s: AggregateSettings, finetune_dir: Path, adapt_metrics_dir: Path) ->
                                 PAPER_TABLE1, mlm_head_note(heads)),
         "table3": tables.render(f"Table 3: adaptation ablations ({ablated.label})", table3, ablation_tasks, {},
                                 dict.fromkeys(variants, BASELINE), PAPER_TABLE3,
-                                protocol_note(s) + adaptation_table(adapted, ablated.name), table3_seeds(s)),
+                                protocol_note(s) + adaptation_table(adapted, ablated.name), table3_seeds(s),
+                                PAPER_TABLE3_NAMES),
         "table8": tables.render("Table 8: finetuning the full cross-modal model", table8, every, {}, against, PAPER_TABLE8),
     }
     return {name: text for name, (text, _) in rendered.items()}, {name: r for name, (_, r) in rendered.items()}
