@@ -24,6 +24,7 @@ Run it as the stage runs on a one-GPU machine, or under DDP with one process:
 
     python bench/adapt_stage_speed.py [--families bert-b,electra-b,electra-l] [--variants all] [--steps 4]
     torchrun --nproc_per_node 1 bench/adapt_stage_speed.py ...     # the DDP code path, one rank
+    python bench/adapt_stage_speed.py --finetune-only --variants xdbert  # the models' sizes and the grid alone
 
 `--sizes tiny` (the CPU check) shrinks the encoders as `xdbert rehearse --sizes tiny` does and the batch to
 4 windows. Writes bench/results/adapt_stage_speed.md and .json (or under --out).
@@ -117,6 +118,12 @@ def measure(p: dict, family: str, variant: str, args, work: Path) -> dict:
                           clip_tower=clip_dir)
     make_batch = BatchMaker(s, n_blocks, vocab_size=VOCAB, special_ids=sorted(SPECIAL.values()),
                             mask_id=SPECIAL["mask"], eot_id=eot)
+    sizes = {"family": family, "variant": variant, "encoder": ModelSettings.from_params(p, family).encoder,
+             "parameters": sum(t.numel() for t in xdbert.parameters()), "epochs": s.epochs,
+             "matmul_parameters": {"encoder": matmul_parameters(xdbert.encoder), "full": matmul_parameters(xdbert)}}
+    if args.finetune_only:  # the finetuning grid's projection needs the models' sizes alone
+        print(json.dumps(sizes), flush=True)
+        return sizes
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     one = {k: v.to(device) for k, v in make_batch(train[np.arange(micro)], torch.Generator().manual_seed(0)).items()}
     xdbert.to(device).train()
@@ -135,16 +142,14 @@ def measure(p: dict, family: str, variant: str, args, work: Path) -> dict:
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else None
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if gpu and k in gpu), None)
     epoch_minutes = WIKI103_WINDOWS / batch * seconds / 60
-    row = {"family": family, "variant": variant, "encoder": ModelSettings.from_params(p, family).encoder,
-           "parameters": sum(t.numel() for t in xdbert.parameters()), "batch": batch, "micro_batch": micro,
-           "matmul_parameters": {"encoder": matmul_parameters(xdbert.encoder), "full": matmul_parameters(xdbert)},
+    row = {**sizes, "batch": batch, "micro_batch": micro,
            "precision": metrics["precision"], "processes": metrics["processes"], "compiled": args.compile,
            "distributed": str(PartialState().distributed_type),  # MULTI_GPU (or MULTI_CPU) under torchrun: DDP
            "first_step_seconds": stamps[0] - start,  # with the loop's set-up and, compiled, the compiling
            "seconds_per_step": seconds, "steps_timed": len(steps), "flops_per_step": flops,
            "tflops": flops / seconds / 1e12, "mfu": flops / seconds / 1e12 / peak if peak else None,
            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
-           "wiki103_epoch_minutes": epoch_minutes, "epochs": s.epochs,
+           "wiki103_epoch_minutes": epoch_minutes,
            "adaptation_gpu_hours": epoch_minutes * s.epochs / 60, "first_mlm_loss": metrics.get("first_mlm_loss")}
     del xdbert
     if device.type == "cuda":
@@ -192,6 +197,8 @@ def main() -> None:
     ap.add_argument("--finetune-mfu", type=float, default=0.038, help="the finetuning grid's MFU (measured: 0.038, "
                     "8 BERT-base runs sharing an H200 with CUDA graphs, bench/results/h200)")
     ap.add_argument("--tokens-per-example", type=float, default=38.0, help="real tokens of a GLUE-like example")
+    ap.add_argument("--finetune-only", action="store_true", help="no adaptation steps: build each model and write "
+                    "the finetuning grid's projection alone (runs on a CPU)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     if args.warmup < 1 or args.steps < 1:
@@ -223,8 +230,9 @@ def write(args, p: dict, rows: list[dict]) -> None:
         mine = [r for r in rows if r["family"] == family]
         sizes = next((r for r in mine if r["variant"] == P.PROPOSED), mine[0])["matmul_parameters"]
         grid = sum(6 * sizes[kind] * n for kind, n in tokens.get(family, {}).items()) / (args.finetune_mfu * peak * 1e12)
-        cost.append({"family": family, "adaptations": len(mine), "adapt_gpu_hours": sum(r["adaptation_gpu_hours"] for r in mine),
-                     "finetune_gpu_hours": grid / 3600})
+        timed = not args.finetune_only
+        cost.append({"family": family, "adaptations": len(mine) if timed else None, "finetune_gpu_hours": grid / 3600,
+                     "adapt_gpu_hours": sum(r["adaptation_gpu_hours"] for r in mine) if timed else None})
     launcher = ["torchrun", "--nproc_per_node", os.environ["WORLD_SIZE"]] if "LOCAL_RANK" in os.environ else ["python"]
     result = {"command": shlex.join([*launcher, *sys.argv]), "device": gpu or "cpu", "torch": torch.__version__,
               "machine": f"{platform.processor() or platform.machine()}", "sizes": args.sizes, "rows": rows, "cost": cost,
@@ -233,27 +241,31 @@ def write(args, p: dict, rows: list[dict]) -> None:
     (args.out / "adapt_stage_speed.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     pct = lambda v: f"{v:.1%}" if v is not None else "n/a (CPU)"
     gib = lambda v: f"{v:.1f}" if v is not None else "n/a"
-    lines = [f"# The adapt stage's loop, {args.sizes} sizes, on {gpu or 'the CPU'}", "",
-             f"`{result['command']}` (torch {torch.__version__}); {rows[0]['processes']} process(es) "
-             f"({rows[0]['distributed']}), precision "
-             f"{rows[0]['precision']}, {'compiled' if args.compile else 'eager'}; median of {args.steps} steps after "
-             f"{args.warmup} warm-up. One wiki103 epoch = {WIKI103_WINDOWS:,} windows.", "",
-             "| family | variant | parameters | windows/step (micro) | first step s | s/step | TFLOP/step | TFLOP/s | MFU "
-             "| peak GiB | wiki103 epoch | epochs | GPU-hours |", "|" + " --- |" * 13]
-    for r in rows:
-        lines.append(f"| {r['family']} | {r['variant']} | {r['parameters']:,} | {r['batch']} ({r['micro_batch']}) | "
-                     f"{r['first_step_seconds']:.1f} | {r['seconds_per_step']:.3f} | {r['flops_per_step'] / 1e12:.2f} | "
-                     f"{r['tflops']:.2f} | {pct(r['mfu'])} | {gib(r['peak_memory_gib'])} | {r['wiki103_epoch_minutes']:.1f} min | "
-                     f"{r['epochs']} | {r['adaptation_gpu_hours']:.2f} |")
-    lines += ["", f"## The whole paper run per family, GPU-hours at this device's rate ({gpu or 'CPU timings: not a GPU figure'})", "",
-              f"Adaptation: the rows above (each variant's epochs). Finetuning: the paper profile's grid (every run, seed and "
-              f"epoch over the real training sizes, {args.tokens_per_example:g} real tokens an example) at 6 FLOPs per "
-              f"multiplying parameter and token, {args.finetune_mfu:.1%} MFU of {peak:g} TFLOP/s "
-              f"(`--finetune-mfu`; the measured grid rate). CLIP-T's runs are not in a family.", "",
+    title = "The paper run's finetuning cost per family" if args.finetune_only else "The adapt stage's loop"
+    lines = [f"# {title}, {args.sizes} sizes, on {gpu or 'the CPU'}", "", f"`{result['command']}` (torch {torch.__version__})."]
+    if not args.finetune_only:
+        r0 = rows[0]
+        lines += ["", f"{r0['processes']} process(es) ({r0['distributed']}), precision {r0['precision']}, "
+                  f"{'compiled' if args.compile else 'eager'}; median of {args.steps} steps after {args.warmup} warm-up. "
+                  f"One wiki103 epoch = {WIKI103_WINDOWS:,} windows.", "",
+                  "| family | variant | parameters | windows/step (micro) | first step s | s/step | TFLOP/step | TFLOP/s "
+                  "| MFU | peak GiB | wiki103 epoch | epochs | GPU-hours |", "|" + " --- |" * 13]
+        lines += [f"| {r['family']} | {r['variant']} | {r['parameters']:,} | {r['batch']} ({r['micro_batch']}) | "
+                  f"{r['first_step_seconds']:.1f} | {r['seconds_per_step']:.3f} | {r['flops_per_step'] / 1e12:.2f} | "
+                  f"{r['tflops']:.2f} | {pct(r['mfu'])} | {gib(r['peak_memory_gib'])} | "
+                  f"{r['wiki103_epoch_minutes']:.1f} min | {r['epochs']} | {r['adaptation_gpu_hours']:.2f} |" for r in rows]
+    adapt_line = ("Adaptation: not measured (`--finetune-only`)." if args.finetune_only else
+                  "Adaptation: the rows above (each variant's epochs).")
+    lines += ["", f"## The whole paper run per family, GPU-hours ({gpu or 'projected for an H100'})", "",
+              f"{adapt_line} Finetuning: the paper profile's grid (every run, seed and epoch over the real training sizes, "
+              f"{args.tokens_per_example:g} real tokens an example) at 6 FLOPs per multiplying parameter and token, "
+              f"{args.finetune_mfu:.1%} MFU of {peak:g} TFLOP/s (`--finetune-mfu`: the measured grid rate); a `full` "
+              f"run counts the whole cross-modal model per token. CLIP-T's runs are not in a family.", "",
               "| family | adaptations | adaptation GPU-hours | finetuning GPU-hours | total |", "| --- | --- | --- | --- | --- |"]
     for c in cost:
-        lines.append(f"| {c['family']} | {c['adaptations']} | {c['adapt_gpu_hours']:.2f} | {c['finetune_gpu_hours']:.1f} | "
-                     f"{c['adapt_gpu_hours'] + c['finetune_gpu_hours']:.1f} |")
+        a, f = c["adapt_gpu_hours"], c["finetune_gpu_hours"]
+        total = "-" if a is None else f"{a + f:.1f}"
+        lines.append(f"| {c['family']} | {c['adaptations'] or '-'} | {'-' if a is None else f'{a:.2f}'} | {f:.1f} | {total} |")
     md = "\n".join(lines) + "\n"
     (args.out / "adapt_stage_speed.md").write_text(md, encoding="utf-8")
     print(md)
