@@ -99,7 +99,8 @@ def write_shards(root: Path, windows: dict[str, int], max_len: int, n_blocks: in
 
 def measure(p: dict, family: str, variant: str, args, work: Path) -> dict:
     """One (family, variant): the stage's model, data and loop for warm-up + N steps."""
-    model = stand_in(ModelSettings.from_params(p, family), args.sizes, work)
+    released = ModelSettings.from_params(p, family)
+    model = stand_in(released, args.sizes, work)
     s = AdaptSettings.from_params(p, variant)
     batch = args.batch or (4 if args.sizes == "tiny" else s.batch_size)
     micro = min(args.micro_batch or (2 if args.sizes == "tiny" else s.micro_batch_size), batch)
@@ -118,7 +119,7 @@ def measure(p: dict, family: str, variant: str, args, work: Path) -> dict:
                           clip_tower=clip_dir)
     make_batch = BatchMaker(s, n_blocks, vocab_size=VOCAB, special_ids=sorted(SPECIAL.values()),
                             mask_id=SPECIAL["mask"], eot_id=eot)
-    sizes = {"family": family, "variant": variant, "encoder": ModelSettings.from_params(p, family).encoder,
+    sizes = {"family": family, "variant": variant, "encoder": released.encoder,
              "parameters": sum(t.numel() for t in xdbert.parameters()), "epochs": s.epochs,
              "matmul_parameters": {"encoder": matmul_parameters(xdbert.encoder), "full": matmul_parameters(xdbert)}}
     if args.finetune_only:  # the finetuning grid's projection needs the models' sizes alone
@@ -167,17 +168,14 @@ def finetune_tokens(p: dict, tokens_per_example: float) -> dict[str, dict[str, f
     """Real training tokens of the paper profile's finetuning grid, per family and model kind."""
     from finetune_speed import PAPER_TRAIN_SIZES
 
-    from xdbert.finetuning.runs import Study
+    from xdbert.data.tasks.registry import get_task, task_names
+    from xdbert.finetuning.settings import FinetuneSettings
 
-    study, f = Study.from_params(p), p["finetune"]
     out: dict[str, dict[str, float]] = {}
-    for task in p["tasks"]["names"]:
-        for run in study.runs(task):
-            if run.protocol == "ablation":
-                seeds = f["ablation_seeds"]
-            else:
-                seeds = f["rte_seeds"] if task == "rte" else f["seeds"]
-            tokens = PAPER_TRAIN_SIZES[task] * f["epochs"] * len(seeds) * tokens_per_example
+    for name in task_names(p):
+        settings = FinetuneSettings.from_params(p, get_task(name))
+        for run in settings.study.runs(name):
+            tokens = PAPER_TRAIN_SIZES[name] * settings.epochs * len(settings.seeds_of(run)) * tokens_per_example
             kinds = out.setdefault(run.family or "clip", {})
             kinds[run.model_kind] = kinds.get(run.model_kind, 0.0) + tokens
     return out

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lease of the device machine for issue 24's measurement: the adapt stage's own loop at the paper's
-# sizes (bench/adapt_stage_speed.py), every family and variant, eager then compiled, the main families
+# sizes (bench/adapt_stage_speed.py), every family and variant, eager then compiled, and BERT-b's XDBERT
 # again under DDP with one process. Results land in $OUT (or bench/results/gpu).
 #
 # The machine has torch and transformers but not open_clip, accelerate, pyarrow or ruamel.yaml: put their
