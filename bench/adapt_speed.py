@@ -50,6 +50,9 @@ CONTEXT = 77
 WIKI103_WINDOWS = 800 * 256  # the paper: ~800 optimizer steps of 256 windows per wiki103 epoch
 PAPER_EPOCH_MINUTES = 35     # the paper: one epoch on 8 V100s for BERT-base
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense, per GPU
+# Training examples of the real tasks (the hubs' train splits; SWAG counts its 4 endings as 4 sequences).
+PAPER_TRAIN_SIZES = {"rte": 2490, "mrpc": 3668, "stsb": 5749, "cola": 8551, "sst2": 67349, "qnli": 104743,
+                     "qqp": 363846, "mnli": 392702, "swag": 73546 * 4, "read": 2834}
 
 
 def sizes(name: str) -> dict:

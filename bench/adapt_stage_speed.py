@@ -49,7 +49,7 @@ import torch
 from accelerate import PartialState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from adapt_speed import PEAK_BF16_TFLOPS, WIKI103_WINDOWS, step_flops  # noqa: E402
+from adapt_speed import PAPER_TRAIN_SIZES, PEAK_BF16_TFLOPS, WIKI103_WINDOWS, step_flops  # noqa: E402
 
 from xdbert import params as P  # noqa: E402
 from xdbert.adaptation.loop import BatchMaker, adapt  # noqa: E402
@@ -136,8 +136,9 @@ def measure(p: dict, family: str, variant: str, args, work: Path) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     stamps, start = [], time.perf_counter()
-    metrics = adapt(xdbert, train, valid, make_batch, s, work / f"{family}-{variant}.pt",
-                    log=lambda m, step: stamps.append(time.perf_counter()), stop_after=args.warmup + args.steps)
+    with profiled(args.profile, args.out / f"profile-{family}-{variant}.txt"):
+        metrics = adapt(xdbert, train, valid, make_batch, s, work / f"{family}-{variant}.pt",
+                        log=lambda m, step: stamps.append(time.perf_counter()), stop_after=args.warmup + args.steps)
     steps = np.diff(stamps)[args.warmup - 1:]
     seconds = statistics.median(steps.tolist())
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else None
@@ -159,6 +160,21 @@ def measure(p: dict, family: str, variant: str, args, work: Path) -> dict:
     return row
 
 
+@contextlib.contextmanager
+def profiled(on: bool, path: Path):
+    """`--profile`: torch.profiler over the run's steps, its kernels by GPU time written to `path` (where an
+    MFU goes: matmuls, attention, elementwise, copies). Profiling slows the steps it watches."""
+    if not on:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70),
+                    encoding="utf-8")
+
+
 def matmul_parameters(module: torch.nn.Module) -> int:
     """Parameters a token's forward pass multiplies with: all but embedding tables (6 FLOPs each per trained token)."""
     return sum(t.numel() for name, t in module.named_parameters() if "embedding" not in name)
@@ -166,8 +182,6 @@ def matmul_parameters(module: torch.nn.Module) -> int:
 
 def finetune_tokens(p: dict, tokens_per_example: float) -> dict[str, dict[str, float]]:
     """Real training tokens of the paper profile's finetuning grid, per family and model kind."""
-    from finetune_speed import PAPER_TRAIN_SIZES
-
     from xdbert.data.tasks.registry import get_task, task_names
     from xdbert.finetuning.settings import FinetuneSettings
 
@@ -197,6 +211,7 @@ def main() -> None:
     ap.add_argument("--tokens-per-example", type=float, default=38.0, help="real tokens of a GLUE-like example")
     ap.add_argument("--finetune-only", action="store_true", help="no adaptation steps: build each model and write "
                     "the finetuning grid's projection alone (runs on a CPU)")
+    ap.add_argument("--profile", action="store_true", help="write each run's kernels by GPU time (profile-*.txt)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     if args.warmup < 1 or args.steps < 1:
@@ -204,18 +219,33 @@ def main() -> None:
     p = values("paper")
     families = args.families.split(",") if args.families else family_names(p)
     ablated = ablation_family(p).name
-    todo = []
-    for family in families:
-        names = [P.PROPOSED, P.BASELINE] + (P.variant_names(p) if family == ablated else [])
-        if args.variants != "all":
-            names = [v for v in args.variants.split(",") if v in names]
-        todo += [(family, v) for v in names]
+    # Table 1's two adaptations of every family first, the ablations after them
+    todo = [(f, v) for f in families for v in (P.PROPOSED, P.BASELINE)]
+    todo += [(ablated, v) for v in P.variant_names(p) if ablated in families]
+    if args.variants != "all":
+        todo = [(f, v) for f, v in todo if v in args.variants.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family, variant in todo:
-            torch.manual_seed(0)
-            rows.append(measure(p, family, variant, args, Path(tmp)))
-    write(args, p, rows)
+            same = same_step(p, family, variant, rows)
+            if same:
+                rows.append(same)
+            else:
+                torch.manual_seed(0)
+                rows.append(measure(p, family, variant, args, Path(tmp)))
+            write(args, p, rows)  # after every row: a run stopped by its time limit keeps what it measured
+
+
+def same_step(p: dict, family: str, variant: str, rows: list[dict]) -> dict | None:
+    """A variant that differs from one measured already only in its epochs (two_epochs, twenty_epochs) has the
+    same step: its row is that one's, with its own epochs and GPU-hours, instead of a second measurement."""
+    s = AdaptSettings.from_params(p, variant)
+    for r in rows:
+        if r["family"] == family and "seconds_per_step" in r and \
+                dataclasses.replace(AdaptSettings.from_params(p, r["variant"]), epochs=s.epochs) == s:
+            return {**r, "variant": variant, "epochs": s.epochs, "step_of": r["variant"],
+                    "adaptation_gpu_hours": r["wiki103_epoch_minutes"] * s.epochs / 60}
+    return None
 
 
 def write(args, p: dict, rows: list[dict]) -> None:
@@ -252,6 +282,7 @@ def write(args, p: dict, rows: list[dict]) -> None:
                   f"{r['first_step_seconds']:.1f} | {r['seconds_per_step']:.3f} | {r['flops_per_step'] / 1e12:.2f} | "
                   f"{r['tflops']:.2f} | {pct(r['mfu'])} | {gib(r['peak_memory_gib'])} | "
                   f"{r['wiki103_epoch_minutes']:.1f} min | {r['epochs']} | {r['adaptation_gpu_hours']:.2f} |" for r in rows]
+        lines += [f"{r['variant']}: {r['step_of']}'s step, not measured twice." for r in rows if "step_of" in r]
     adapt_line = ("Adaptation: not measured (`--finetune-only`)." if args.finetune_only else
                   "Adaptation: the rows above (each variant's epochs).")
     lines += ["", f"## The whole paper run per family, GPU-hours ({gpu or 'projected for an H100'})", "",

@@ -43,6 +43,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
+from adapt_speed import PAPER_TRAIN_SIZES
 from xdbert import params
 from xdbert.data.synthetic.tasks import generate_task
 from xdbert.data.tasks.metrics import compute_metrics
@@ -59,9 +60,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512},
          "base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
          "large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}}
-# Training examples of the real tasks (the hubs' train splits; SWAG counts its 4 endings as 4 sequences).
-PAPER_TRAIN_SIZES = {"rte": 2490, "mrpc": 3668, "stsb": 5749, "cola": 8551, "sst2": 67349, "qnli": 104743,
-                     "qqp": 363846, "mnli": 392702, "swag": 73546 * 4, "read": 2834}
 # Table 1's finetuned rows: 2 base encoders x (plain, XD) on 9 tasks, 2 large rows on all 10 (READ is
 # reported for ELECTRA-large only); CLIP-T's 4 small tasks are negligible beside them.
 TABLE1_ROWS = {"base": (4, [t for t in PAPER_TRAIN_SIZES if t != "read"]), "large": (2, list(PAPER_TRAIN_SIZES))}

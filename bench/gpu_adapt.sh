@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
 # One lease of the device machine for issue 24's measurement: the adapt stage's own loop at the paper's
-# sizes (bench/adapt_stage_speed.py), every family and variant, eager then compiled, and BERT-b's XDBERT
-# again under DDP with one process. Results land in $OUT (or bench/results/gpu).
+# sizes (bench/adapt_stage_speed.py). In order of what matters if the lease runs short: every family's two
+# Table 1 adaptations then every ablation, eager; BERT-b's XDBERT under DDP with one process; BERT-b's two
+# compiled. Each run writes after every row, so one stopped by its limit keeps what it measured.
 #
-# The machine has torch and transformers but not open_clip, accelerate, pyarrow or ruamel.yaml: put their
-# wheels in .whl/ first, for the machine's Python (`--python-version`), and carry .whl. With pyarrow's 55 MB
-# they come to 61 MB, the repository 2 MB: just under the 64 MiB upload.
-#   pip download --no-deps -d .whl -c constraints.txt open_clip_torch timm accelerate pyarrow ruamel.yaml ftfy wcwidth
+# The machine has torch, transformers, accelerate, pyarrow and timm, but not open_clip or ruamel.yaml: put
+# those wheels in .whl/ first, for the machine's Python 3.12, and carry .whl (about 5 MB):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl open_clip_torch==3.3.0 timm==1.0.31 ftfy wcwidth ruamel.yaml
+# To time a change against the code before it on the same machine, unpack the older commit into an ignored
+# folder and carry it too: BERT-b's XDBERT then runs there first (run "reference"):
+#   mkdir .ref && git archive COMMIT | tar -x -C .ref && REF=.ref bash bench/gpu_adapt.sh
 #
 #   bash bench/gpu_adapt.sh [STEPS]
+# Results land in bench/results/gpu/, and as one archive in $OUT when $OUT is set (the device tool brings
+# back at most 8 files). SKIP_COMPILED=1 leaves out the compiled runs.
 set -u
 steps=${1:-4}
-out=${OUT:-bench/results/gpu}
+out=bench/results/gpu
 source bench/gpu_env.sh
 export HF_HUB_OFFLINE=1
 run() {  # name, time limit, command...
     local name=$1 limit=$2; shift 2
     mkdir -p "$out/$name"
-    timeout "$limit" "$@" --steps "$steps" --out "$out/$name" 2>&1 | tee -a "$out/log.txt" | grep -v "it/s\]" | tail -n 30
+    timeout "$limit" "$@" --steps "$steps" --out "$out/$name" 2>&1 | tee -a "$out/log.txt" | grep -v "it/s\]" | tail -n 40
+    [ -n "${OUT:-}" ] && tar -czf "$OUT/gpu_adapt.tgz" -C "$out" .
 }
-# 1. every family, Table 1's two adaptations each, eager (what the profiles run today)
-run eager 200 python3 bench/adapt_stage_speed.py --variants xdbert,baseline
-# 2. the same compiled (adapt.compile: true): does compiling pay in the stage itself?
-run compiled 200 python3 bench/adapt_stage_speed.py --variants xdbert,baseline --compile
-# 3. every ablation variant of adapt.family, eager
-run ablations 120 python3 bench/adapt_stage_speed.py --families bert-b --variants all
-# 4. DDP with one process (the path `accelerate launch` takes on a machine with several GPUs)
-run ddp 80 torchrun --nproc_per_node 1 bench/adapt_stage_speed.py --families bert-b --variants xdbert
+# 0. the reference: BERT-b's XDBERT with the older code, its own package first on the path
+if [ -n "${REF:-}" ]; then
+    run reference 60 env PYTHONPATH="$REF:$PYTHONPATH" python3 "$REF/bench/adapt_stage_speed.py" --families bert-b --variants xdbert
+fi
+# 1. every family's Table 1 adaptations, then adapt.family's ablations, eager (what the profiles run today)
+run eager ${EAGER_LIMIT:-350} python3 bench/adapt_stage_speed.py --variants all
+# 2. DDP with one process (the path `accelerate launch` takes on a machine with several GPUs)
+run ddp 45 torchrun --nproc_per_node 1 bench/adapt_stage_speed.py --families bert-b --variants xdbert
+# 3. compiled (adapt.compile: true): does compiling pay in the stage itself?
+[ -n "${SKIP_COMPILED:-}" ] || run compiled 150 python3 bench/adapt_stage_speed.py --families bert-b --variants xdbert,baseline --compile
