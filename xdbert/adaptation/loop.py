@@ -56,13 +56,29 @@ def weighted_loss(out: dict, weights: dict | None) -> torch.Tensor:
 
 
 def _sum_counts(out: dict, totals: dict) -> None:
-    """Add a forward pass's per-objective counts to `totals` (losses weighted by their target counts)."""
+    """Add a forward pass's per-objective counts to `totals` (losses weighted by their target counts).
+
+    The sums stay on the model's device, in float64 as Python's floats would be: reading a count on the
+    host waits for the GPU to finish the pass, so one read a step (`read_counts`) replaces one a pass.
+    """
     for name in LOSSES:
         if f"{name}_count" in out:
-            n = float(out[f"{name}_count"])
-            totals[f"{name}_count"] = totals.get(f"{name}_count", 0.0) + n
-            totals[f"{name}_correct"] = totals.get(f"{name}_correct", 0.0) + float(out[f"{name}_correct"])
-            totals[f"{name}_loss_sum"] = totals.get(f"{name}_loss_sum", 0.0) + float(out[f"{name}_loss"].detach()) * n
+            n = out[f"{name}_count"].double()
+            _add(totals, f"{name}_count", n)
+            _add(totals, f"{name}_correct", out[f"{name}_correct"].double())
+            _add(totals, f"{name}_loss_sum", out[f"{name}_loss"].detach().double() * n)
+
+
+def _add(totals: dict, key: str, value: torch.Tensor) -> None:
+    totals[key] = totals[key] + value if key in totals else value
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A batch on `device`. To a GPU through pinned memory, without waiting: a copy from pageable memory
+    would first wait for every kernel already queued, and leave the GPU idle while the next pass is set up."""
+    if torch.device(device).type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def model_identity(model: torch.nn.Module) -> tuple[list, str]:
@@ -80,13 +96,14 @@ def model_identity(model: torch.nn.Module) -> tuple[list, str]:
     return shapes, h.hexdigest()
 
 
-def reduce_counts(totals: dict, losses, accelerator: Accelerator) -> dict:
-    """Sum every process's counts of a step, so each process's metrics cover the whole batch."""
-    if accelerator.num_processes == 1:
-        return totals
-    keys = [f"{name}_{part}" for name in losses for part in ("count", "correct", "loss_sum")]
-    summed = accelerator.reduce(torch.tensor([totals.get(k, 0.0) for k in keys], dtype=torch.float64,
-                                             device=accelerator.device), reduction="sum")
+def read_counts(totals: dict, losses, device, accelerator: Accelerator | None = None) -> dict:
+    """The summed counts (and `loss`, the step's summed loss) as floats, over every process with
+    `accelerator`: one read from the device, so each process's metrics cover the whole batch."""
+    keys = ["loss"] + [f"{name}_{part}" for name in losses for part in ("count", "correct", "loss_sum")]
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    summed = torch.stack([totals.get(k, zero).to(torch.float64) for k in keys])
+    if accelerator is not None and accelerator.num_processes > 1:
+        summed = accelerator.reduce(summed, reduction="sum")
     return dict(zip(keys, summed.tolist()))
 
 
@@ -119,11 +136,12 @@ def evaluate(model: torch.nn.Module, valid, make_batch: BatchMaker, settings: Ad
     for i, start in enumerate(range(0, n, settings.micro_batch_size)):
         rows = valid[np.sort(sample[start:start + settings.micro_batch_size])]
         batch = make_batch(rows, training.generator(settings.seed, -1, i))
-        out = model(**{k: v.to(device) for k, v in batch.items()})
+        out = model(**to_device(batch, device))
         _sum_counts(out, totals)
         if "match_labels" in batch:
             positives += int(batch["match_labels"].sum())
     model.train()
+    totals = read_counts(totals, settings.losses, device)
     metrics = summarize(totals)
     if totals.get("match_count"):
         # What a model that learned nothing scores on these windows: the negatives are drawn at random,
@@ -189,29 +207,33 @@ def adapt(
         order = training.epoch_order(len(train), s.seed, epoch)
         ids = order[k * s.batch_size:(k + 1) * s.batch_size]
         micro = [ids[i:i + s.micro_batch_size] for i in range(0, len(ids), s.micro_batch_size)]
-        totals: dict = {}
+        totals: dict = {}  # device tensors, read once the step's passes are queued
         mine = [(j, m) for j, m in enumerate(micro) if j % world == rank]
         weight = world / len(ids)
         if not mine:  # fewer micro-batches than processes: a zero-weight pass keeps DDP's gradient sync in step
             mine, weight = [(len(micro) - 1, micro[-1])], 0.0
         for n_done, (j, m) in enumerate(mine):
             batch = make_batch(train[np.sort(m)], training.generator(s.seed, step, j))
-            batch = {key: v.to(accelerator.device) for key, v in batch.items()}
+            batch = to_device(batch, accelerator.device)
             torch.manual_seed(training.step_seed(s.seed, step, j))  # dropout of micro-batch j, on any process
             sync = n_done == len(mine) - 1
             with accelerator.no_sync(model) if not sync else contextlib.nullcontext():
                 with precision.autocast():
                     out = forward(**batch)
                 loss = weighted_loss(out, s.loss_weights) * (len(m) * weight)
-                training.check_finite(out["loss"].detach(), step, "adapt")
                 accelerator.backward(precision.scale(loss))
+            _add(totals, "loss", out["loss"].detach())  # a zero-weight pass's too: its gradient is still summed
             if weight:
                 _sum_counts(out, totals)
+        counts = read_counts(totals, s.losses, accelerator.device, accelerator)
+        # Checked over every process's passes before the optimizer step: a non-finite loss anywhere stops
+        # all of them, and the weights and the last checkpoint stay as they were.
+        training.check_finite(torch.tensor(counts.pop("loss")), step, "adapt")
         precision.step(optimizer, model.parameters(), MAX_GRAD_NORM, clip=accelerator.clip_grad_norm_)
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
 
-        metrics = summarize(reduce_counts(totals, s.losses, accelerator))
+        metrics = summarize(counts)
         history.append(metrics)
         rates.append(schedule.get_last_lr()[0])
         bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items() if k.endswith("_loss")})
