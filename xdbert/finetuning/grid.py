@@ -19,7 +19,6 @@ import torch
 
 from xdbert import training
 from xdbert.errors import PipelineError
-from xdbert.finetuning import engine
 from xdbert.finetuning.job import Job
 from xdbert.finetuning.loop import train_seed
 from xdbert.numerics import FINETUNING_THREADS
@@ -98,6 +97,9 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto") -> 
     done = {run: result for run in runs if (result := cached(jobs[run[0]], run[1], local)) is not None}
     todo = [run for run in runs if run not in done]
     if todo:
+        # Ray only where a grid runs: the benchmarks' single seeds (`run_seeds`) run on machines without it
+        from xdbert.finetuning import engine
+
         started = engine.connect()
         try:
             n, gpu_each = engine.plan(len(todo), workers)
