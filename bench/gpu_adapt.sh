@@ -8,8 +8,9 @@
 # those wheels in .whl/ first, for the machine's Python 3.12, and carry .whl (about 5 MB):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl open_clip_torch==3.3.0 timm==1.0.31 ftfy wcwidth ruamel.yaml
 # To time a change against the code before it on the same machine, unpack the older commit into an ignored
-# folder and carry it too: BERT-b's XDBERT then runs there first (run "reference"):
-#   mkdir .ref && git archive COMMIT | tar -x -C .ref && REF=.ref bash bench/gpu_adapt.sh
+# folder and carry it too: this checkout's bench first times BERT-b's XDBERT with that commit's package
+# (run "reference"):
+#   mkdir .ref && git archive COMMIT xdbert | tar -x -C .ref && REF=.ref bash bench/gpu_adapt.sh
 #
 #   bash bench/gpu_adapt.sh [STEPS]
 # Results land in bench/results/gpu/, and as one archive in $OUT when $OUT is set (the device tool brings
@@ -25,9 +26,9 @@ run() {  # name, time limit, command...
     timeout "$limit" "$@" --steps "$steps" --out "$out/$name" 2>&1 | tee -a "$out/log.txt" | grep -v "it/s\]" | tail -n 40
     [ -n "${OUT:-}" ] && tar -czf "$OUT/gpu_adapt.tgz" -C "$out" .
 }
-# 0. the reference: BERT-b's XDBERT with the older code, its own package first on the path
+# 0. the reference: BERT-b's XDBERT with the older package first on the path
 if [ -n "${REF:-}" ]; then
-    run reference 60 env PYTHONPATH="$REF:$PYTHONPATH" python3 "$REF/bench/adapt_stage_speed.py" --families bert-b --variants xdbert
+    run reference 60 env PYTHONPATH="$REF:$PYTHONPATH" python3 bench/adapt_stage_speed.py --families bert-b --variants xdbert
 fi
 # 1. every family's Table 1 adaptations, then adapt.family's ablations, eager (what the profiles run today)
 run eager ${EAGER_LIMIT:-350} python3 bench/adapt_stage_speed.py --variants all
