@@ -200,6 +200,10 @@ def test_workers_share_each_gpu_as_its_memory_allows(monkeypatch):
     assert engine.plan(100, 5) == (5, 1 / 8)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=16 * 2**30))
     assert engine.plan(100, "auto") == (12, 1 / 6)   # 16 GiB / 2.5 GiB
+    assert engine.plan(100, "auto", 7.6) == (4, 1 / 2)  # a grid with ELECTRA-large's runs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # GPUs on other machines of the cluster
+    assert engine.plan(100, "auto") == (8, 1 / 4) and engine.plan(100, "auto", 7.6) == (2, 1.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv(engine.RUNS_PER_GPU_ENV, "1")
     assert engine.plan(100, "auto") == (2, 1.0)
     monkeypatch.setenv(engine.RUNS_PER_GPU_ENV, "many")
@@ -207,6 +211,23 @@ def test_workers_share_each_gpu_as_its_memory_allows(monkeypatch):
         engine.plan(100, "auto")
     resources.update(CPU=2, GPU=0)
     assert engine.plan(100, "auto") == (2, 0.0) and engine.plan(100, 8) == (2, 0.0)  # one worker per CPU
+
+
+def test_a_runs_gpu_memory_grows_with_the_largest_model_of_the_grid(tmp_path):
+    """Parameters are counted from the saved fp32 weights (4 bytes each): BERT-base's 110M take the measured
+    base run's 2.5 GiB, ELECTRA-large's 335M three times as much; a small model never less."""
+    def saved(name: str, parameters: int) -> str:
+        folder = tmp_path / name
+        folder.mkdir()
+        with open(folder / "model.safetensors", "wb") as f:
+            f.truncate(4 * parameters)  # sparse: the size is what counts
+        return str(folder)
+
+    base, large, tiny = saved("base", 110_000_000), saved("large", 335_000_000), saved("tiny", 2_000_000)
+    assert engine.run_gib([base]) == pytest.approx(2.5)
+    assert engine.run_gib([tiny]) == pytest.approx(2.5)
+    assert engine.run_gib([base, large, tiny]) == pytest.approx(2.5 * 335 / 110)
+    assert engine.run_gib([]) == pytest.approx(2.5)
 
 
 def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir):

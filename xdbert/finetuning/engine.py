@@ -15,6 +15,7 @@ a run's result does not depend on it (each CPU run computes with a fixed number 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Iterator
 
 import ray
@@ -30,10 +31,12 @@ from xdbert.numerics import FINETUNING_THREADS
 WORKERS_ENV = "XDBERT_FINETUNE_WORKERS"
 # Runs sharing one GPU. A base-model run at GLUE lengths leaves an H100 or H200 mostly idle: on an H200,
 # 4 compiled runs sharing it gave 3.26x the tokens/s of one, 8 gave 3.64x, each needing under 2 GiB
-# (bench/results/h200). `auto` takes 8 where the GPU's memory holds 8 runs of GIB_PER_RUN.
+# (bench/results/h200). `auto` takes as many as the GPU's memory holds runs of the grid's largest model
+# (`run_gib`), at most 8.
 RUNS_PER_GPU_ENV = "XDBERT_RUNS_PER_GPU"
 MAX_RUNS_PER_GPU = 8
 GIB_PER_RUN = 2.5  # the measured 1.9 GiB of a BERT-base run, with room for longer batches
+BASE_PARAMETERS = 110_000_000  # BERT-base, the model GIB_PER_RUN was measured on
 # `auto` on a cluster whose GPUs this machine cannot see: 4 runs of GIB_PER_RUN fit a 16 GiB V100 or T4
 REMOTE_RUNS_PER_GPU = 4
 RETRIES = 3  # a worker that dies is restarted, and its run retried, this many times
@@ -54,16 +57,25 @@ def workers_from_env() -> int | str:
     return _count_from_env(WORKERS_ENV, "every GPU's runs, or one worker per CPU")
 
 
-def runs_per_gpu() -> int:
-    """`XDBERT_RUNS_PER_GPU`, or for `auto` as many runs as this machine's first GPU holds, at most 8 (a
-    cluster's GPUs that this machine cannot see: 4)."""
+def run_gib(model_paths: list) -> float:
+    """GPU memory a run of the largest of these saved models needs: GIB_PER_RUN for BERT-base, in
+    proportion to the parameters for larger models (AdamW's fp32 weights, gradients and two moments, 16
+    bytes a parameter, are most of it), so that ELECTRA-large's runs (about 7.6 GiB) do not share a GPU
+    as base runs do. Parameters are counted from the fp32 safetensors files the pipeline saves."""
+    parameters = max((sum(f.stat().st_size for f in Path(p).glob("*.safetensors")) // 4 for p in model_paths), default=0)
+    return max(GIB_PER_RUN, GIB_PER_RUN * parameters / BASE_PARAMETERS)
+
+
+def runs_per_gpu(gib_per_run: float = GIB_PER_RUN) -> int:
+    """`XDBERT_RUNS_PER_GPU`, or for `auto` as many runs of `gib_per_run` as this machine's first GPU
+    holds, at most 8 (a cluster's GPUs that this machine cannot see: 4 base runs, fewer larger ones)."""
     chosen = _count_from_env(RUNS_PER_GPU_ENV, f"up to {MAX_RUNS_PER_GPU}, as the GPU's memory allows")
     if chosen != "auto":
         return chosen
     if not torch.cuda.is_available():
-        return REMOTE_RUNS_PER_GPU
+        return max(1, int(REMOTE_RUNS_PER_GPU * GIB_PER_RUN // gib_per_run))
     gib = torch.cuda.get_device_properties(0).total_memory / 2**30
-    return max(1, min(MAX_RUNS_PER_GPU, int(gib // GIB_PER_RUN)))
+    return max(1, min(MAX_RUNS_PER_GPU, int(gib // gib_per_run)))
 
 
 def connect() -> bool:
@@ -84,12 +96,13 @@ def disconnect() -> None:
     ray.shutdown()
 
 
-def plan(n_runs: int, workers: int | str) -> tuple[int, float]:
-    """(number of workers, GPUs each asks for: 0 on a CPU cluster), from the cluster's resources."""
+def plan(n_runs: int, workers: int | str, gib_per_run: float = GIB_PER_RUN) -> tuple[int, float]:
+    """(number of workers, GPUs each asks for: 0 on a CPU cluster), from the cluster's resources and the
+    memory of the grid's largest run."""
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 1))
     if gpus:
-        share = runs_per_gpu()
+        share = runs_per_gpu(gib_per_run)
         slots, gpu_each = gpus * share, 1.0 / share
     else:
         slots, gpu_each = cpus, 0.0

@@ -102,7 +102,7 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto") -> 
 
         started = engine.connect()
         try:
-            n, gpu_each = engine.plan(len(todo), workers)
+            n, gpu_each = engine.plan(len(todo), workers, engine.run_gib([job.model_path for job in jobs]))
             shared = engine.share(jobs)
             actors = engine.start_workers(shared, n, gpu_each)
             # A cluster's workers may compute on another device than this machine: look again under theirs.
