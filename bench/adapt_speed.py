@@ -55,6 +55,21 @@ PAPER_TRAIN_SIZES = {"rte": 2490, "mrpc": 3668, "stsb": 5749, "cola": 8551, "sst
                      "qqp": 363846, "mnli": 392702, "swag": 73546 * 4, "read": 2834}
 
 
+@contextlib.contextmanager
+def profiled(on: bool, path: Path):
+    """`--profile`: torch.profiler over the run's steps, its kernels by GPU time written to `path` (where an
+    MFU goes: matmuls, attention, elementwise, copies). Profiling slows the steps it watches."""
+    if not on:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70),
+                    encoding="utf-8")
+
+
 def sizes(name: str) -> dict:
     if name == "paper":
         return {"encoder_config": {}, "vocab_size": 30522, "clip": "ViT-B-32", "clip_heads": 8, "max_len": 512, "n_blocks": 9}

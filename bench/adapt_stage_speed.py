@@ -49,7 +49,7 @@ import torch
 from accelerate import PartialState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from adapt_speed import PAPER_TRAIN_SIZES, PEAK_BF16_TFLOPS, WIKI103_WINDOWS, step_flops  # noqa: E402
+from adapt_speed import PAPER_TRAIN_SIZES, PEAK_BF16_TFLOPS, WIKI103_WINDOWS, profiled, step_flops  # noqa: E402
 
 from xdbert import params as P  # noqa: E402
 from xdbert.adaptation.loop import BatchMaker, adapt  # noqa: E402
@@ -158,21 +158,6 @@ def measure(p: dict, family: str, variant: str, args, work: Path) -> dict:
         torch.cuda.empty_cache()
     print(json.dumps(row), flush=True)
     return row
-
-
-@contextlib.contextmanager
-def profiled(on: bool, path: Path):
-    """`--profile`: torch.profiler over the run's steps, its kernels by GPU time written to `path` (where an
-    MFU goes: matmuls, attention, elementwise, copies). Profiling slows the steps it watches."""
-    if not on:
-        yield
-        return
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        yield
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70),
-                    encoding="utf-8")
 
 
 def matmul_parameters(module: torch.nn.Module) -> int:
