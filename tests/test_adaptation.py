@@ -416,6 +416,8 @@ ERRORS = {
     "negative_init_range": ("xdbert", {"adapt.init_range": -0.02}, False, ["`adapt.init_range` must be a positive number; got -0.02"]),
     "unknown_cliptc_vocab": ("xdbert", {"adapt.cliptc_vocab": "corpus"}, False, ["unknown adapt.cliptc_vocab 'corpus'", "allowed: full, shards"]),
     "flag_not_bool": ("xdbert", {"adapt.mlm_negatives": "no"}, False, ["`adapt.mlm_negatives` must be true or false; got 'no'"]),
+    "compile_not_a_setting": ("two_epochs", {"adapt.variants.two_epochs": {"epochs": 2, "compile": "gpu"}}, False,
+                              ["`adapt.variants.two_epochs.compile` must be true, false or auto (on a GPU only); got 'gpu'"]),
     "unknown_encoder_type": ("xdbert", {**TINY_MODEL, "model.encoder": "random:notamodel"}, False,
                              ["`model.encoder: random:notamodel`", "random:<model_type>", "bert"]),
     "unknown_clip": ("xdbert", {**TINY_MODEL, "model.clip": "notaclip"}, False, ["`model.clip: notaclip`", "xdbert-tiny"]),

@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from xdbert.data.tasks.registry import TaskSpec, get_task, to_table, write_tasks
+from xdbert import training
 from xdbert.errors import PipelineError
 from xdbert.finetuning import data as fd
 from xdbert.finetuning import engine, grid, loop
@@ -673,6 +674,20 @@ def test_table3_protocol_of_the_paper_reruns_its_rows_at_one_rate_and_five_seeds
     assert study.table3_runs()["baseline"] == "bert-b/table3_baseline" and study.table3_runs()["mlm"] == "bert-b/mlm"
 
 
+def test_compile_auto_compiles_on_a_gpu_only(bert_dir, monkeypatch):
+    """`finetune.compile: auto` (the paper profile's) trains eagerly on the CPU, where compiling costs
+    more than a run wins back, and compiles on a GPU, where CUDA graphs pay (bench/results/h200)."""
+    def refuse(*a, **kw):
+        raise AssertionError("compiled on the CPU")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    spec = get_task("sst2")
+    tables = keyword_tables("sst2", 16, 8)
+    train_seed(prepare("encoder", bert_dir, tables, settings(spec, epochs=1, compile="auto")), 0)
+    assert [training.compiles(setting, device) for setting in ("auto", True, False) for device in ("cpu", "cuda")] == \
+        [False, True, True, True, False, False]
+
+
 @pytest.mark.parametrize("args, change, message", [
     ((), {"names": ["boolq"]}, "unknown entry of `tasks.names` 'boolq'; allowed: rte, mrpc"),
     ((), {"models": ["missing"]}, "`finetune.models` names 'missing'; every family adapts only baseline, xdbert"),
@@ -683,7 +698,7 @@ def test_table3_protocol_of_the_paper_reruns_its_rows_at_one_rate_and_five_seeds
      "`families.tiny.layer_lr_decay` must be in (0, 1]"),
     ((), {"families": {"tiny": {"label": "Tiny", "size": "xl", "layer_lr_decay": 1.0}}},
      "unknown families.tiny.size 'xl'; allowed: base, large"),
-    ((), {"compile": "yes"}, "`finetune.compile` must be true or false"),
+    ((), {"compile": "yes"}, "`finetune.compile` must be true, false or auto (on a GPU only); got 'yes'"),
     ((), {"names": ["sst2", "mrpc"]}, "task mrpc lacks split file(s)"),
     ((), {"names": ["rte"], "rte_seeds": []}, "`finetune.rte_seeds` must be a non-empty list"),
     ((), {"lr": {"sst2": {"base": 1e-3}}}, "`finetune.lr.sst2.large` must be a positive number"),

@@ -156,6 +156,14 @@ def flag(value: Any, key: str) -> bool:
     return value
 
 
+def compile_setting(value: Any, key: str) -> bool | str:
+    """`compile`: true, false or auto (compiled on a GPU, where it pays, and eager on a CPU, where
+    compiling a model costs minutes that its short runs never win back)."""
+    if value != "auto" and not isinstance(value, bool):
+        raise PipelineError(f"`{key}` must be true, false or auto (on a GPU only); got {value!r}")
+    return value
+
+
 def fraction(value: Any, key: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
         raise PipelineError(f"`{key}` must be a number between 0 and 1; got {value!r}")

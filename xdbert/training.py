@@ -67,6 +67,11 @@ def mixed_precision(setting: str, device: str | torch.device) -> str:
     return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
 
 
+def compiles(setting: bool | str, device: str | torch.device) -> bool:
+    """Whether a run with `compile: setting` (xdbert.params.compile_setting) compiles its model on `device`."""
+    return setting is True or (setting == "auto" and torch.device(device).type == "cuda")
+
+
 class Precision:
     """Autocast and, for fp16, loss scaling for one training loop, the same code on a GPU and on a CPU.
 
@@ -94,6 +99,16 @@ class Precision:
         (clip or torch.nn.utils.clip_grad_norm_)(parameters, max_grad_norm)
         self.scaler.step(optimizer)
         self.scaler.update()
+
+
+def to_device(batch: dict, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """A batch of tensors or numpy arrays on `device`. To a GPU through pinned memory, without waiting: a
+    copy from pageable memory first waits for every kernel already queued, which leaves the GPU idle
+    while the host sets up the next step."""
+    batch = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    if torch.device(device).type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def device_name(device: str | torch.device) -> str:

@@ -73,14 +73,6 @@ def _add(totals: dict, key: str, value: torch.Tensor) -> None:
     totals[key] = totals[key] + value if key in totals else value
 
 
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """A batch on `device`. To a GPU through pinned memory, without waiting: a copy from pageable memory
-    would first wait for every kernel already queued, and leave the GPU idle while the next pass is set up."""
-    if torch.device(device).type != "cuda":
-        return {k: v.to(device) for k, v in batch.items()}
-    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-
-
 def model_identity(model: torch.nn.Module) -> tuple[list, str]:
     """Names and shapes of the model's tensors and a sha256 of their values (call it before training).
 
@@ -136,7 +128,7 @@ def evaluate(model: torch.nn.Module, valid, make_batch: BatchMaker, settings: Ad
     for i, start in enumerate(range(0, n, settings.micro_batch_size)):
         rows = valid[np.sort(sample[start:start + settings.micro_batch_size])]
         batch = make_batch(rows, training.generator(settings.seed, -1, i))
-        out = model(**to_device(batch, device))
+        out = model(**training.to_device(batch, device))
         _sum_counts(out, totals)
         if "match_labels" in batch:
             positives += int(batch["match_labels"].sum())
@@ -179,10 +171,11 @@ def adapt(
     # but here every step already covers the whole `batch_size` across all processes.
     model, optimizer = accelerator.prepare(model, optimizer)
     world, rank = accelerator.num_processes, accelerator.process_index
-    # Compiling fuses the step's many small kernels: one wiki103 epoch on an H100 took 11.0 min eagerly
-    # and 8.3 compiled, at 64 windows a step (bench/results/h100). Only the training steps go through
-    # the compiled wrapper; checkpoints, evaluation and saving use the module itself.
-    forward = torch.compile(model) if s.compile else model
+    # Compiling fuses the step's many small kernels: an H200 step of BERT-b's XDBERT took 0.823 s compiled
+    # against 0.932 eager, after 88 s of compiling (bench/results/h200), so it pays from the second epoch
+    # on. Only the training steps go through the compiled wrapper; checkpoints, evaluation and saving use
+    # the module itself.
+    forward = torch.compile(model) if training.compiles(s.compile, accelerator.device) else model
 
     state = training.load_checkpoint(checkpoint, print_fp)
     start, history, rates = 0, [], []
@@ -214,7 +207,7 @@ def adapt(
             mine, weight = [(len(micro) - 1, micro[-1])], 0.0
         for n_done, (j, m) in enumerate(mine):
             batch = make_batch(train[np.sort(m)], training.generator(s.seed, step, j))
-            batch = to_device(batch, accelerator.device)
+            batch = training.to_device(batch, accelerator.device)
             torch.manual_seed(training.step_seed(s.seed, step, j))  # dropout of micro-batch j, on any process
             sync = n_done == len(mine) - 1
             with accelerator.no_sync(model) if not sync else contextlib.nullcontext():

@@ -90,7 +90,7 @@ class AdaptSettings:
     checkpoint_every: int
     eval_windows: int
     precision: str            # auto | bf16 | fp16 | no (xdbert.training.mixed_precision)
-    compile: bool             # torch.compile the model for the training steps
+    compile: bool | str       # torch.compile the model for the training steps: true, false, auto (on a GPU)
     seed: int
 
     @classmethod
@@ -130,8 +130,9 @@ class AdaptSettings:
             raise PipelineError(f"`{key_of('micro_batch_size')}` ({s['micro_batch_size']}) must be at most `{key_of('batch_size')}` "
                                 f"({s['batch_size']}): a forward pass holds a share of one optimizer step's windows")
         P.positive(s["lr"], key_of("lr"), float)
-        for key in ("placeholder", "freeze_clip", "mlm_negatives", "compile"):
+        for key in ("placeholder", "freeze_clip", "mlm_negatives"):
             P.flag(s[key], key_of(key))
+        P.compile_setting(s["compile"], key_of("compile"))
         cross = s["cross_layers"]
         if not isinstance(cross, int) or isinstance(cross, bool) or cross < 0 or (cross == 0 and (s["losses"] != ["mlm"] or s["placeholder"])):
             raise PipelineError(f"`{key_of('cross_layers')}` must be >= 1 (0 only for the MLM-only baseline); got {cross!r}")

@@ -64,10 +64,6 @@ def epoch_loss(losses: list[torch.Tensor], step: int, where: str) -> float:
     return float(stacked.mean())
 
 
-def _to_device(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device, non_blocking=True) for k, v in batch.items()}
-
-
 @torch.no_grad()
 def predict(model: nn.Module, job: Job, data: fd.Encoded, device: torch.device, autocast) -> np.ndarray:
     """Predicted class / choice (int64) or score (float64) of every example, in the split's order."""
@@ -75,7 +71,7 @@ def predict(model: nn.Module, job: Job, data: fd.Encoded, device: torch.device, 
     out: np.ndarray | None = None
     multiple = pad_multiple(job.hyperparameters.max_len, device)
     for rows in fd.eval_batches(data.lengths, job.hyperparameters.eval_batch_size):
-        batch = _to_device(fd.collate(data, rows, multiple), device)
+        batch = training.to_device(fd.collate(data, rows, multiple), device)
         with autocast():
             scores = model(batch).float()
         if job.spec.kind == "regression":
@@ -112,7 +108,8 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
         g.pop("names")
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
     precision = training.Precision(s.precision, device)
-    forward = compiled(model, device) if s.compile else model
+    compile = training.compiles(s.compile, device)
+    forward = compiled(model, device) if compile else model
 
     where = f"finetune {job.model_kind} {Path(job.model_path).name} {spec.name} seed {seed}"
     multiple = pad_multiple(s.max_len, device)
@@ -121,9 +118,9 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
     for epoch in range(s.epochs):
         losses = []
         for rows in fd.length_grouped_batches(lengths, s.batch_size, seed, epoch, s.length_group):
-            batch = _to_device(fd.collate(train, rows, multiple), device)
+            batch = training.to_device(fd.collate(train, rows, multiple), device)
             torch.manual_seed(training.step_seed(seed, -2, step))  # dropout of this step
-            if s.compile:
+            if compile:
                 torch.compiler.cudagraph_mark_step_begin()
             with precision.autocast():
                 scores = forward(batch)

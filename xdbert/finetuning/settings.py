@@ -59,7 +59,7 @@ class Hyperparameters:
     clip_blocks_per_sentence: int   # Table 8: 2 blocks for one sentence, 4 for a pair
     dropout: float                  # before the new head of the clip and full kinds
     precision: str                  # auto | bf16 | fp16 | no (xdbert.training.mixed_precision)
-    compile: bool                   # torch.compile the model (lengths dynamic); pays off on long GPU runs
+    compile: bool | str             # torch.compile the model (lengths dynamic): true, false, auto (on a GPU)
 
 
 def seeds_key(task: TaskSpec) -> str:
@@ -94,7 +94,7 @@ class FinetuneSettings:
     clip_blocks_per_sentence: int
     dropout: float
     precision: str
-    compile: bool
+    compile: bool | str
     lr: dict                        # task -> {base, large[, full]: rate}: Table 5, per task
     seeds: list[int]                # this task's seeds (`seeds`, or `rte_seeds` for RTE)
     study: Study                    # which models are finetuned
@@ -110,7 +110,7 @@ class FinetuneSettings:
         for key in ("warmup_ratio", "weight_decay", "dropout"):
             s[key] = params.fraction(params.get(f, key, "finetune"), f"finetune.{key}")
         s["precision"] = params.choice(params.get(f, "precision", "finetune"), "finetune.precision", params.PRECISIONS)
-        s["compile"] = params.flag(params.get(f, "compile", "finetune"), "finetune.compile")
+        s["compile"] = params.compile_setting(params.get(f, "compile", "finetune"), "finetune.compile")
         lr = params.get(f, "lr", "finetune")
         if not isinstance(lr, dict):
             raise PipelineError(f"`finetune.lr` must map tasks to their rates, e.g. {{rte: {{base: 1.0e-4, large: 5.0e-5}}}}; got {lr!r}")
