@@ -484,8 +484,8 @@ def test_layer_lr_decay_assigns_the_expected_rates(tmp_path):
     assert wd_of["model.classifier.weight"] == 0.01 and wd_of["model.classifier.bias"] == 0.0
     assert wd_of["model.bert.encoder.layer.1.output.LayerNorm.weight"] == 0.0
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
-    off = parameter_groups(model, lr=2e-5, weight_decay=0.0, layer_lr_decay=1.0)
-    assert {g["lr"] for g in off} == {2e-5}
+    off = parameter_groups(model, lr=2e-5, weight_decay=0.01, layer_lr_decay=1.0)
+    assert {g["lr"] for g in off} == {2e-5} and len(off) == 2  # one group per (rate, decay): fewer optimizer launches
     # CLIP's naming and two stacks (the full model): each stack counts from its own top
     depths = layer_depths([
         "tower.token_embedding.weight", "tower.positional_embedding", "tower.transformer.resblocks.0.mlp.c_fc.weight",
