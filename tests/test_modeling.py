@@ -195,6 +195,25 @@ def test_pretrained_mlm_head_and_encoder_load_from_a_local_checkpoint(tmp_path):
     assert model.mlm_head.decoder.weight is model.encoder.get_input_embeddings().weight
 
 
+def test_building_from_checkpoints_prints_no_library_reports(tmp_path, capfd, caplog):
+    """An MLM checkpoint has no pooler (transformers' load report lists it) and the tiny CLIP tower is
+    asked for without weights (open_clip warns it is random): both are expected and checked here, so
+    neither reaches the stage's log. Logging is as before afterwards."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    BertForMaskedLM(AutoConfig.for_model("bert", vocab_size=100, **TINY_BERT)).save_pretrained(tmp_path / "bert")
+    capfd.readouterr()
+    verbosity, disabled = hf_logging.get_verbosity(), logging.root.manager.disable
+    XDBertModel.build(tiny_config(encoder=str(tmp_path / "bert"), encoder_config={}, vocab_size=None))
+    out, err = capfd.readouterr()
+    assert "pooler" not in out + err + caplog.text and "initialized randomly" not in out + err + caplog.text
+    assert (hf_logging.get_verbosity(), logging.root.manager.disable) == (verbosity, disabled)
+    logging.warning("still heard")
+    assert "still heard" in caplog.text
+
+
 # ---------------------------------------------------------------- forward
 
 def test_forward_shapes_losses_and_counts():

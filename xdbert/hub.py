@@ -1,9 +1,10 @@
-"""Loading from the Hugging Face hub: one clear message when the machine is offline, and the revisions
-`xdbert fetch` pinned in hub.lock.json."""
+"""Loading from the Hugging Face hub: one clear message when the machine is offline, the revisions
+`xdbert fetch` pinned in hub.lock.json, and loading without the libraries' chatter."""
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Iterator
 
@@ -53,6 +54,28 @@ def hub_request(what: str) -> Iterator[None]:
 # ----------------------------------------------------------------------------------------------------
 
 LOCK = Path("hub.lock.json")
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Build or load models without the reports that this code checks or expects itself: transformers'
+    load report and progress bars (missing encoder weights raise in `build_language_encoder`; a new task
+    head is the point of finetuning), and open_clip's "initialized randomly" for towers asked for
+    without weights, whose trained weights are loaded next. Without this, each run printed about 15
+    such lines into the stage's log."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars, disabled = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), logging.root.manager.disable
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.disable(logging.WARNING)  # open_clip warns on the root logger
+    try:
+        yield
+    finally:
+        logging.disable(disabled)
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def pinned(repo_id: str, repo_type: str = "model", lock: Path = LOCK) -> str | None:

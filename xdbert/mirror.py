@@ -28,6 +28,7 @@ from xdbert import params as P
 from xdbert.data import provided
 from xdbert.errors import PipelineError
 from xdbert.fetch import Asset, hub_assets
+from xdbert.hub import quiet_loading
 
 if TYPE_CHECKING:
     import datasets
@@ -144,7 +145,8 @@ def write_clip_weights(folder: Path, name: str, pretrained: str, seed: int) -> N
     from xdbert.model.clip_tower import clip_uses_quick_gelu
 
     torch.manual_seed(seed)
-    model = open_clip.create_model(name, pretrained=None, force_quick_gelu=clip_uses_quick_gelu(name, pretrained))
+    with quiet_loading():  # random weights are what the mirror holds
+        model = open_clip.create_model(name, pretrained=None, force_quick_gelu=clip_uses_quick_gelu(name, pretrained))
     # half precision, as OpenAI released them: half the disk, loaded into float32 parameters all the same
     state = {k: v.detach().half().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(folder / "open_clip_model.safetensors"))

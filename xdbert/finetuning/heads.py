@@ -20,6 +20,7 @@ from torch import nn
 
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
+from xdbert.hub import quiet_loading
 
 
 def outputs_of(spec: TaskSpec) -> int:
@@ -51,23 +52,15 @@ class EncoderClassifier(nn.Module):
 
     def __init__(self, path: str | Path, spec: TaskSpec):
         super().__init__()
-        from transformers.utils import logging as hf_logging
-
         cls = encoder_head_class(path, spec)
         kwargs = {} if spec.kind == "multiple_choice" else {
             "num_labels": outputs_of(spec),
             "problem_type": "regression" if spec.kind == "regression" else "single_label_classification"}
-        verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-        hf_logging.set_verbosity_error()  # "newly initialized: classifier" is the point of finetuning
-        hf_logging.disable_progress_bar()  # one bar per seed would fill the stage's log
         try:
-            self.model = cls.from_pretrained(path, **kwargs)
+            with quiet_loading():  # "newly initialized: classifier" is the point of finetuning
+                self.model = cls.from_pretrained(path, **kwargs)
         except (OSError, ValueError) as e:
             raise PipelineError(f"cannot load encoder folder {path} ({e}); it must be a save_pretrained folder") from e
-        finally:
-            hf_logging.set_verbosity(verbosity)
-            if bars:
-                hf_logging.enable_progress_bar()
         self.width = self.model.config.hidden_size
         accepted = inspect.signature(self.model.forward).parameters
         self.input_names = [n for n in ("input_ids", "token_type_ids", "attention_mask") if n in accepted]

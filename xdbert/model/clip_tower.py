@@ -13,7 +13,7 @@ from torch import nn
 
 from xdbert.clip import check_name, pinned_clip_weights, register_configs
 from xdbert.errors import PipelineError
-from xdbert.hub import hub_request
+from xdbert.hub import hub_request, quiet_loading
 
 
 def clip_uses_quick_gelu(name: str, pretrained: str = "") -> bool:
@@ -79,7 +79,7 @@ class CLIPTextTower(nn.Module):
         # The image tower is dropped at once. Without a checkpoint to load strictly, a minimal one is
         # built instead of the configured one (ViT-B-32's is 88M parameters of wasted time and memory).
         overrides = {} if pretrained else {"vision_cfg": dict(_MINIMAL_VISION_CFG)}
-        with hub_request(f"CLIP `{name}` weights `{pretrained}`"):
+        with hub_request(f"CLIP `{name}` weights `{pretrained}`"), quiet_loading():
             model = open_clip.create_model(
                 name, pretrained=pinned_clip_weights(name, pretrained) or None, device=device, force_quick_gelu=quick_gelu,
                 require_pretrained=bool(pretrained), **overrides,

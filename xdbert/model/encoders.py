@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, Pretrained
 
 from xdbert import paths
 from xdbert.errors import PipelineError
-from xdbert.hub import hub_request, source
+from xdbert.hub import hub_request, quiet_loading, source
 
 if TYPE_CHECKING:
     from xdbert.model.layers import MaskedTokenHead
@@ -45,7 +45,7 @@ def build_language_encoder(name: str, config_overrides: dict | None = None, voca
     # A pretrained encoder comes with its own config and vocabulary: overrides and vocab_size are not
     # used (params.yaml says `encoder_config` is only for random:<model_type>).
     try:
-        with hub_request(f"language encoder `{name}`"):  # an offline machine: PipelineError with what to do
+        with hub_request(f"language encoder `{name}`"), quiet_loading():  # offline: PipelineError with what to do
             model, info = AutoModel.from_pretrained(source(name), output_loading_info=True)
     except (OSError, ValueError) as e:  # not a network failure: a wrong name or folder
         raise PipelineError(
@@ -97,7 +97,8 @@ def load_pretrained_mlm_head(name: str, head: "MaskedTokenHead") -> bool:
         keys = PRETRAINED_MLM_HEADS.get(AutoConfig.from_pretrained(folder).model_type)
         if keys is None:
             return False
-        mlm_model, info = AutoModelForMaskedLM.from_pretrained(folder, output_loading_info=True)
+        with quiet_loading():
+            mlm_model, info = AutoModelForMaskedLM.from_pretrained(folder, output_loading_info=True)
     dense, norm, bias = keys
     wanted = [f"{dense}.weight", f"{dense}.bias", f"{norm}.weight", f"{norm}.bias", bias]
     if set(wanted) & set(info.get("missing_keys", [])):
