@@ -3,6 +3,7 @@
 That machine has torch, transformers, accelerate and pyarrow, and the wheels the scripts carry, but not
 Ray, DVC or datasets. A benchmark that imported one of them lost a whole lease's results once.
 """
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +30,17 @@ def test_the_adapt_cost_table_is_written_without_ray_dvc_or_datasets(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     table = (tmp_path / "adapt_stage_speed.md").read_text(encoding="utf-8")
     assert "| bert-b | - | - |" in table  # the finetuning column alone, for the family asked
+
+
+def test_finetune_share_reports_both_rates_and_a_profile(tmp_path):
+    """The script gpu_finetune.sh runs, at a tiny size on the CPU: 1 and 2 runs sharing the device, the
+    rate over whole seeds and the (higher) rate inside the training loops, and the single run's profile."""
+    argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--task", "sst2", "--runs", "1,2", "--seeds", "1",
+            "--train", "64", "--epochs", "1", "--profile", "--name", "share", "--out", str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "share.json").read_text())["rows"]
+    assert [r["runs_per_gpu"] for r in rows] == [1, 2] and not any("error" in r for r in rows)
+    assert all(r["loop_tokens_per_second"] > r["tokens_per_second"] > 0 for r in rows)
+    assert "in loops: real tokens/s" in (tmp_path / "share.md").read_text()
+    assert "Self CPU" in (tmp_path / "share_profile.txt").read_text()
