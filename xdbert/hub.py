@@ -61,8 +61,7 @@ def quiet_loading() -> Iterator[None]:
     """Build or load models without the reports that this code checks or expects itself: transformers'
     load report and progress bars (missing encoder weights raise in `build_language_encoder`; a new task
     head is the point of finetuning), and open_clip's "initialized randomly" for towers asked for
-    without weights, whose trained weights are loaded next. Without this, each run printed about 15
-    such lines into the stage's log."""
+    without weights, whose trained weights are loaded next. Outside these loads, logging is as before."""
     from transformers.utils import logging as hf_logging
 
     verbosity, bars, disabled = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), logging.root.manager.disable

@@ -108,8 +108,8 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
         g.pop("names")
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
     precision = training.Precision(s.precision, device)
-    compile = training.compiles(s.compile, device)
-    forward = compiled(model, device) if compile else model
+    compiling = training.compiles(s.compile, device)
+    forward = compiled(model, device) if compiling else model
 
     where = f"finetune {job.model_kind} {Path(job.model_path).name} {spec.name} seed {seed}"
     multiple = pad_multiple(s.max_len, device)
@@ -120,7 +120,7 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
         for rows in fd.length_grouped_batches(lengths, s.batch_size, seed, epoch, s.length_group):
             batch = training.to_device(fd.collate(train, rows, multiple), device)
             torch.manual_seed(training.step_seed(seed, -2, step))  # dropout of this step
-            if compile:
+            if compiling:
                 torch.compiler.cudagraph_mark_step_begin()
             with precision.autocast():
                 scores = forward(batch)
