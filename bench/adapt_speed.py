@@ -66,7 +66,11 @@ def profiled(on: bool, path: Path):
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         yield
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70),
+    averages = prof.key_averages()
+    # by GPU time: where the kernels' time goes; by the host's own time: launches, copies and waits
+    # (cudaStreamSynchronize, cudaGraphLaunch) that leave the GPU idle between kernels
+    path.write_text(averages.table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70) + "\n"
+                    + averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70),
                     encoding="utf-8")
 
 

@@ -16,7 +16,7 @@ task: a GLUE stand-in (`--task`; RTE's pairs are about 30 real tokens, GLUE-like
 default` compiles without them, for comparison.
 
     python bench/finetune_share.py [--size base] [--task rte] [--runs 1,2,4,8] [--seeds 2] [--train 4000]
-                                   [--compile [--compile-mode reduce-overhead|default]] [--profile]
+                                   [--compile [--compile-mode reduce-overhead|default]] [--profile] [--sync-debug]
 
 Writes bench/results/finetune_share.md and .json (or under --out).
 """
@@ -30,6 +30,7 @@ import platform
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -48,24 +49,34 @@ ROOT = Path(__file__).resolve().parents[1]
 TABLE1_BERT_TOKENS = 1.4e9
 
 
-def worker(model_dir, tables, settings, seeds, compile_mode, barrier, results, profile: Path | None = None) -> None:
+def worker(model_dir, tables, settings, seeds, compile_mode, barrier, results, profile: Path | None = None,
+           sync_debug: bool = False) -> None:
     try:
         gpu = torch.cuda.is_available()
         device = "cuda" if gpu else "cpu"
         torch.set_num_threads(1)  # on a CPU each run is one core's, as in the grid
         loop.CUDA_COMPILE_MODE = None if compile_mode == "default" else compile_mode
+        t0 = time.time()
         job = prepare("encoder", model_dir, tables, settings)
+        progress(f"prepared in {time.time() - t0:.1f} s")
         t0 = time.time()
         loop.train_seed(job, 1000, device)  # warm-up, not timed
         if gpu:
             torch.cuda.synchronize()
         warmup = time.time() - t0
+        progress(f"warmed up in {warmup:.1f} s")
         barrier.wait()
         start = time.time()
+        if sync_debug and gpu:
+            # every operation that makes the host wait for the GPU warns once, with the line that called it
+            warnings.simplefilter("default")
+            torch.cuda.set_sync_debug_mode("warn")
         with profiled(profile is not None, profile):
             runs = [loop.train_seed(job, seed, device) for seed in seeds]
         if gpu:
+            torch.cuda.set_sync_debug_mode(0)
             torch.cuda.synchronize()
+        progress(f"timed seeds done in {time.time() - start:.1f} s")
         split, metric = settings.task.dev_splits[0], settings.task.metric
         tokens = int(job.data["train"].lengths.sum()) * settings.epochs
         results.put({"start": start, "end": time.time(), "tokens": tokens * len(seeds), "warmup_seconds": warmup,
@@ -79,12 +90,19 @@ def worker(model_dir, tables, settings, seeds, compile_mode, barrier, results, p
         raise
 
 
+def progress(message: str) -> None:
+    """A timestamped line from a run process: when a time limit stops the script, the log still says
+    how far each run got."""
+    print(f"{time.strftime('%H:%M:%S')} pid {os.getpid()}: {message}", file=sys.stderr, flush=True)
+
+
 def share(k: int, model_dir: Path, tables: dict, settings, seeds: list[int], compile_mode: str,
-          profile: Path | None) -> dict:
+          profile: Path | None, sync_debug: bool = False) -> dict:
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(k), context.Queue()
     procs = [context.Process(target=worker, args=(model_dir, tables, settings, [s + 10 * i for s in seeds],
-                                                  compile_mode, barrier, results, profile if k == 1 else None))
+                                                  compile_mode, barrier, results, profile if k == 1 else None,
+                                                  sync_debug and k == 1))
              for i in range(k)]
     for p in procs:
         p.start()
@@ -122,6 +140,8 @@ def main() -> None:
                     help="torch.compile's mode on a GPU (reduce-overhead: CUDA graphs, what the pipeline uses)")
     ap.add_argument("--profile", action="store_true",
                     help="with 1 run per GPU, write its timed seeds' kernels by GPU time (<name>_profile.txt)")
+    ap.add_argument("--sync-debug", action="store_true",
+                    help="with 1 run per GPU, warn at each operation of its timed seeds that waits for the GPU")
     ap.add_argument("--name", default="finetune_share", help="results file name, without suffix")
     ap.add_argument("--peak", type=float, default=989.0, help="bf16 dense TFLOP/s of the GPU (H100 SXM: 989)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -135,12 +155,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "bert"
         build_bert(model_dir, tables, spec, args.size)
+        progress(f"random BERT {args.size} and its vocabulary built")
         from transformers import BertModel
         n_params = sum(p.numel() for p in BertModel.from_pretrained(model_dir).parameters())
         for k in [int(x) for x in args.runs.split(",")]:
             t0 = time.time()
             profile = args.out / f"{args.name}_profile.txt" if args.profile else None
-            row = share(k, model_dir, tables, settings, list(range(args.seeds)), args.compile_mode, profile)
+            row = share(k, model_dir, tables, settings, list(range(args.seeds)), args.compile_mode, profile,
+                        args.sync_debug)
             if "error" not in row:
                 row["mfu"] = 6 * n_params * row["tokens_per_second"] / (args.peak * 1e12)
                 row["loop_mfu"] = 6 * n_params * row["loop_tokens_per_second"] / (args.peak * 1e12)

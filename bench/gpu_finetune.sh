@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # One lease of the device machine (one GPU, torch and transformers there; ruamel.yaml carried as a wheel
 # in .whl/): the finetuning speed measurements of bench/results/<gpu>/, most important first, each under
-# its own time limit so one that hangs leaves the rest their time (about 600 s in all; a fresh machine's
-# first compiled run alone needs over 120 s). Results and the whole log land in bench/results/gpu/, and
-# as one archive in $OUT when $OUT is set (the device tool brings back at most 8 files).
+# its own time limit so one that hangs leaves the rest their time (about 560 s in all). Every step uses
+# the same task and sizes, so the compile cache the first one fills serves the rest; a fresh machine's
+# first compiled run needs over 120 s on its own. Each run process logs when it has prepared, warmed up
+# and finished, so a step stopped by its limit still says how far it got.
 #
 #   bash bench/gpu_finetune.sh TASK EPOCHS LR TRAIN
-# RUNS (default 8): runs per GPU after the single run; TRAINER=1 adds the comparison with the
-# transformers Trainer.
+# RUNS (default 4,8): runs per GPU under MPS after the single run (PLAIN=1 also without MPS); TRAINER=1
+# adds the comparison with the transformers Trainer. Results and the whole log land in
+# bench/results/gpu/, and as one archive in $OUT when $OUT is set, beside the compile cache
+# (compile-cache.tgz: put it in the checkout as .compile-cache.tgz and carry it to skip the next lease's
+# cold compile; bench/gpu_env.sh unpacks it).
 set -u
 task=${1:-sst2} epochs=${2:-2} lr=${3:-5e-5} train=${4:-6000}
 out=bench/results/gpu
@@ -21,20 +25,20 @@ share() {  # limit, then finetune_share.py's arguments
     pack
 }
 # 1. one run with CUDA graphs (what finetune.compile does on a GPU): the reference for the rest
-share 190 --runs 1 --name share_1
-# 2. where its step goes: kernels by GPU time (the compile cache is warm by now)
-share 70 --runs 1 --train 1000 --name share_profile --profile
-# 3. several runs taking turns on the GPU, each compiling with one Inductor thread (with one compile
-#    pool per core in every process, 8 processes did not warm up within 130 s in one lease)
-TORCHINDUCTOR_COMPILE_THREADS=1 share 180 --runs "${RUNS:-8}" --name share_runs
-# 4. the same under MPS (CUDA's multi-process service): without it the GPU runs one process's kernels at
-#    a time, and each run's kernels are too small to fill it; with it, several processes' kernels run
-#    side by side. Skipped where the machine has no MPS control daemon.
+share 200 --runs 1 --name share_1
+# 2. where its step goes: kernels by GPU time, host calls by CPU time, each operation that makes the host
+#    wait for the GPU (with the line that called it), and torch.compile's reports of recompiles, graph
+#    breaks and CUDA graphs it skipped. One epoch: the profiler slows every step
+TORCH_LOGS=recompiles,graph_breaks,perf_hints share 110 --runs 1 --epochs 1 --name share_profile --profile --sync-debug
+# 3. several runs under MPS (CUDA's multi-process service): without it the GPU runs one process's kernels
+#    at a time, and each run's kernels are too small to fill it; with it, several processes' kernels run
+#    side by side. One Inductor compile thread per process (the cache is warm by now: 8 processes, each
+#    with a pool of one thread per core, did not warm up within 130 s of a cold machine).
 if command -v nvidia-cuda-mps-control >/dev/null; then
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if nvidia-cuda-mps-control -d; then
-        TORCHINDUCTOR_COMPILE_THREADS=1 share 150 --runs "${RUNS:-8}" --name share_runs_mps
+        TORCHINDUCTOR_COMPILE_THREADS=1 share 250 --runs "${RUNS:-4,8}" --name share_runs_mps
         echo quit | nvidia-cuda-mps-control
         cp "$CUDA_MPS_LOG_DIRECTORY/control.log" "$out/mps_control.log" 2>/dev/null
     fi
@@ -43,9 +47,12 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
 else
     echo "no nvidia-cuda-mps-control on this machine: MPS not measured" | tee -a "$out/log.txt"
 fi
+# 4. the same runs taking turns on the GPU, without MPS
+[ -n "${PLAIN:-}" ] && TORCHINDUCTOR_COMPILE_THREADS=1 share 250 --runs "${RUNS:-4,8}" --name share_runs
 # 5. one run against the transformers Trainer (run_glue.py's recipe), both eager
 if [ -n "${TRAINER:-}" ]; then
     timeout 150 python3 bench/finetune_speed.py --size base --task "$task" --epochs "$epochs" --lr "$lr" \
         --train "$train" --no-projection --out "$out" >>"$out/log.txt" 2>&1
     pack
 fi
+save_compile_cache

@@ -34,13 +34,16 @@ def test_the_adapt_cost_table_is_written_without_ray_dvc_or_datasets(tmp_path):
 
 def test_finetune_share_reports_both_rates_and_a_profile(tmp_path):
     """The script gpu_finetune.sh runs, at a tiny size on the CPU: 1 and 2 runs sharing the device, the
-    rate over whole seeds and the (higher) rate inside the training loops, and the single run's profile."""
+    rate over whole seeds and the (higher) rate inside the training loops, the single run's profile (by
+    GPU time, then by host time) and each run's progress lines."""
     argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--task", "sst2", "--runs", "1,2", "--seeds", "1",
-            "--train", "64", "--epochs", "1", "--profile", "--name", "share", "--out", str(tmp_path)]
+            "--train", "64", "--epochs", "1", "--profile", "--sync-debug", "--name", "share", "--out", str(tmp_path)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "share.json").read_text())["rows"]
     assert [r["runs_per_gpu"] for r in rows] == [1, 2] and not any("error" in r for r in rows)
     assert all(r["loop_tokens_per_second"] > r["tokens_per_second"] > 0 for r in rows)
     assert "in loops: real tokens/s" in (tmp_path / "share.md").read_text()
-    assert "Self CPU" in (tmp_path / "share_profile.txt").read_text()
+    profile = (tmp_path / "share_profile.txt").read_text()
+    assert profile.count("Self CPU time total") == 2  # two tables: by GPU time, by the host's own time
+    assert done.stderr.count("warmed up in") == 3 and done.stderr.count("timed seeds done in") == 3
