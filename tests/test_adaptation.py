@@ -21,6 +21,7 @@ import yaml
 from transformers import AutoModel, AutoTokenizer
 
 from xdbert.adaptation.loop import BatchMaker, adapt, evaluate, weighted_loss
+from xdbert import training
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.data import shards
 from xdbert.data.corpus import write_corpus
@@ -169,7 +170,7 @@ def test_fp16_on_the_cpu_autocasts_scales_the_loss_and_learns(data, tmp_path, mo
     model.cross_layers[0].language_ffn.dense_in.register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))
     checkpoint = tmp_path / "fp16.pt"
     metrics = adapt(model, Subset(data[0], np.tile([0, 1], 8)), data[1], make_batch(data, s), s, checkpoint, stop_after=10)
-    assert torch.float16 in dtypes  # training steps ran in fp16 (evaluation runs in fp32)
+    assert dtypes == {torch.float16}  # training steps and the evaluation ran in fp16
     assert len(scales) == 10 and scales[0] == 2.0 ** 16  # GradScaler's initial scale, then updated each step
     saved = torch.load(checkpoint, weights_only=False)["scaler"]
     assert saved["scale"] > 0 and saved["_growth_tracker"] >= 0
@@ -243,6 +244,22 @@ def test_evaluation_reads_a_fixed_random_sample_of_valid_windows(data):
     assert [len(r) for r in reads] == [4, 4] and len(set(seen)) == 8
     assert seen != list(range(8)) and max(seen) >= 8  # not the first eight windows
     assert all(r == sorted(r) for r in reads)  # each read in file order (Arrow reads are cheaper)
+
+
+def test_evaluation_computes_in_the_training_precision(data):
+    """Validation runs under the loop's autocast (bf16 forced here on the CPU): on a GPU it would otherwise
+    compute every matrix product in fp32, and report a model other than the one trained."""
+    s = settings(eval_windows=8, micro_batch_size=4)
+    model = build_model(data)
+    seen = []
+    model.register_forward_hook(lambda *_: seen.append(torch.is_autocast_enabled("cpu")))
+    valid = Subset(data[0], np.arange(24))
+    plain = evaluate(model, valid, make_batch(data, s), s, "cpu")
+    assert seen == [False, False]
+    bf16 = evaluate(model, valid, make_batch(data, s), s, "cpu", training.Precision("bf16", "cpu").autocast)
+    assert seen[2:] == [True, True]
+    assert bf16.keys() == plain.keys() and bf16 != plain  # the same metrics, computed in bf16
+    assert bf16["mlm_loss"] == pytest.approx(plain["mlm_loss"], rel=0.05)
 
 
 # ---------------------------------------------------------------------------------------------------

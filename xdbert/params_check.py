@@ -27,7 +27,7 @@ from xdbert.data.tokenization.build import check_max_len
 from xdbert.errors import PipelineError
 from xdbert.fetch import requested_revisions
 from xdbert.finetuning.settings import FinetuneSettings
-from xdbert.model.settings import ModelSettings, ablation_family, families, family_names
+from xdbert.model.settings import ModelSettings, ablation_family, family_names
 from xdbert.reports.settings import AggregateSettings
 
 
@@ -43,7 +43,6 @@ def check(p: dict) -> None:
     CorpusSettings.from_params(p)
     tasks = TasksSettings.from_params(p)
     model = ModelSettings.from_params(p)
-    families(p)
     ablation_family(p)
     requested_revisions(p)
     tokenize = TokenizeSettings.from_params(P.section(p, "tokenize"))

@@ -113,8 +113,10 @@ def summarize(totals: dict) -> dict:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, valid, make_batch: BatchMaker, settings: AdaptSettings, device) -> dict:
-    """Losses and accuracies on `eval_windows` valid windows, a fixed random sample, with a fixed masking seed.
+def evaluate(model: torch.nn.Module, valid, make_batch: BatchMaker, settings: AdaptSettings, device,
+             autocast=contextlib.nullcontext) -> dict:
+    """Losses and accuracies on `eval_windows` valid windows, a fixed random sample, with a fixed masking seed,
+    computed in the training's precision (`autocast`: `Precision.autocast`).
 
     The sample is shuffled like a training epoch: consecutive windows are cut from the same document, so
     micro-batches of them would draw most MATCH negatives from the window's own article, a harder task
@@ -128,7 +130,8 @@ def evaluate(model: torch.nn.Module, valid, make_batch: BatchMaker, settings: Ad
     for i, start in enumerate(range(0, n, settings.micro_batch_size)):
         rows = valid[np.sort(sample[start:start + settings.micro_batch_size])]
         batch = make_batch(rows, training.generator(settings.seed, -1, i))
-        out = model(**training.to_device(batch, device))
+        with autocast():
+            out = model(**training.to_device(batch, device))
         _sum_counts(out, totals)
         if "match_labels" in batch:
             positives += int(batch["match_labels"].sum())
@@ -248,6 +251,7 @@ def adapt(
     first = {f"first_{k}": v for k, v in history[0].items()} if history else {}
     result = {**final, **first, "steps": len(history), "device": training.device_name(accelerator.device),
               "precision": precision.name, "processes": accelerator.num_processes, "seconds": round(time.time() - t0, 1)}
-    result.update({f"valid_{k}": v for k, v in evaluate(accelerator.unwrap_model(model), valid, make_batch, s, accelerator.device).items()})
+    valid_metrics = evaluate(accelerator.unwrap_model(model), valid, make_batch, s, accelerator.device, precision.autocast)
+    result.update({f"valid_{k}": v for k, v in valid_metrics.items()})
     return result
 

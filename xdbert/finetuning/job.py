@@ -1,7 +1,8 @@
 """A finetuning job: one model and one task, tokenized once, picklable for the worker pool.
 
 `prepare` reads the model's config, takes Table 5's learning rate for its family's size class (for CLIP-T,
-its width's) and tokenizes every split once with fast batched tokenizers; `build_model` gives each seed a fresh model with a new head.
+its width's) and tokenizes every split once with fast batched tokenizers; `build_model` gives each seed a
+fresh model with a new head.
 """
 from __future__ import annotations
 
