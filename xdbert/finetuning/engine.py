@@ -2,8 +2,8 @@
 
 `ray.init()` starts a local Ray instance when no cluster is named, and joins the cluster `RAY_ADDRESS`
 names (Ray's own variable) when it is set. Each worker is an actor, a long-lived process: imports, the
-CUDA context and compiled graphs are paid once per worker, not once per run. A worker holds the
-tokenized jobs, trains one run at a time and returns its result; only the stage's process writes.
+CUDA context and compiled graphs are paid once per worker, not once per run. A worker fetches the
+tokenized jobs once, trains one run at a time and returns its result; only the stage's process writes.
 
 Ray places the workers: a worker asks for one CPU, and on GPUs for 1/`XDBERT_RUNS_PER_GPU` of one, so
 Ray packs that many on each GPU and pins each to its GPU (inside a worker the device is `cuda`, never
@@ -114,10 +114,15 @@ def plan(n_runs: int, workers: int | str, gib_per_run: float = GIB_PER_RUN) -> t
 
 @ray.remote
 class Worker:
-    """One long-lived worker: the jobs, its device, and `train` for one run at a time."""
+    """One long-lived worker: its device, the jobs once its first run has fetched them, and `train` for
+    one run at a time.
 
-    def __init__(self, jobs: list) -> None:
-        self.jobs = jobs
+    The jobs come with each run, not to the constructor: Ray cannot restart an actor whose constructor
+    arguments lived in its object store (ray-project/ray#53727, about which it logs an error), and the
+    tokenized jobs are far above the size it stores inline."""
+
+    def __init__(self) -> None:
+        self.jobs: list | None = None
         gpu = torch.cuda.is_available() and bool(ray.get_gpu_ids())
         self.device = "cuda" if gpu else "cpu"  # Ray made the worker's GPU the only one it sees
         if not gpu:
@@ -128,7 +133,11 @@ class Worker:
         return {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
                 "device": training.device_name(self.device), "pid": os.getpid()}
 
-    def train(self, index: int, seed: int) -> tuple[int, int, dict]:
+    def train(self, jobs: list[ray.ObjectRef], index: int, seed: int) -> tuple[int, int, dict]:
+        """Run (job `index`, `seed`). `jobs`: [`share`'s reference], in a list so that Ray passes the
+        reference as it is, and the jobs are fetched once, and again only by a restarted worker."""
+        if self.jobs is None:
+            self.jobs = ray.get(jobs[0])
         job = self.jobs[index]
         if not os.path.exists(job.model_path):
             raise PipelineError(f"{job.model_path} is not on the node {ray.get_runtime_context().get_node_id()}: "
@@ -138,14 +147,14 @@ class Worker:
 
 def share(jobs: list) -> ray.ObjectRef:
     """`jobs` in Ray's object store, once for every worker. Keep the reference while the workers live: a
-    worker that is restarted is given the jobs again from it."""
+    worker that is restarted fetches the jobs again from it."""
     return ray.put(jobs)
 
 
-def start_workers(jobs: ray.ObjectRef | list, n: int, gpu_each: float) -> list:
-    """`n` workers holding `jobs` (best `share`d: a list is copied to each)."""
+def start_workers(n: int, gpu_each: float) -> list:
+    """`n` workers, each asking for one CPU and `gpu_each` of a GPU."""
     options = {"num_cpus": 1, "num_gpus": gpu_each, "max_restarts": RETRIES, "max_task_retries": RETRIES}
-    return [Worker.options(**options).remote(jobs) for _ in range(n)]
+    return [Worker.options(**options).remote() for _ in range(n)]
 
 
 def devices(workers: list) -> set[str]:
@@ -153,11 +162,12 @@ def devices(workers: list) -> set[str]:
     return {w["device"] for w in ray.get([worker.where.remote() for worker in workers])}
 
 
-def results(workers: list, runs: list[tuple[int, int]]) -> Iterator[tuple[int, int, dict]]:
-    """(job index, seed, result) of every run as it finishes; a free worker takes the next run in order."""
+def results(workers: list, jobs: ray.ObjectRef, runs: list[tuple[int, int]]) -> Iterator[tuple[int, int, dict]]:
+    """(job index, seed, result) of every run of the `share`d `jobs` as it finishes; a free worker takes
+    the next run in order."""
     pool = ActorPool(workers)
     for run in runs:
-        pool.submit(lambda worker, r: worker.train.remote(*r), run)
+        pool.submit(lambda worker, r: worker.train.remote([jobs], *r), run)
     while pool.has_next():
         try:
             yield pool.get_next_unordered()

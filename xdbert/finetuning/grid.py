@@ -104,13 +104,13 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto") -> 
         try:
             n, gpu_each = engine.plan(len(todo), workers, engine.run_gib([job.model_path for job in jobs]))
             shared = engine.share(jobs)
-            actors = engine.start_workers(shared, n, gpu_each)
+            actors = engine.start_workers(n, gpu_each)
             # A cluster's workers may compute on another device than this machine: look again under theirs.
             for device in engine.devices(actors) - {local}:
                 done.update({run: result for run in todo
                              if (result := cached(jobs[run[0]], run[1], device)) is not None})
             todo = sorted((run for run in todo if run not in done), key=lambda run: _cost(jobs[run[0]]), reverse=True)
-            for i, seed, result in engine.results(actors, todo):
+            for i, seed, result in engine.results(actors, shared, todo):
                 done[(i, seed)] = keep(jobs[i], seed, result)
         finally:
             if started:
