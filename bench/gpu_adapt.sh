@@ -14,7 +14,8 @@
 #
 #   bash bench/gpu_adapt.sh [STEPS]
 # Results land in bench/results/gpu/, and as one archive in $OUT when $OUT is set (the device tool brings
-# back at most 8 files). SKIP_COMPILED=1 leaves out the compiled runs.
+# back at most 8 files), beside the compile cache (compile-cache.tgz; bench/gpu_env.sh says how it is
+# carried back). SKIP_COMPILED=1 leaves out the compiled runs.
 set -u
 steps=${1:-4}
 out=bench/results/gpu
@@ -36,3 +37,4 @@ run eager ${EAGER_LIMIT:-350} python3 bench/adapt_stage_speed.py --variants all
 run ddp 45 torchrun --nproc_per_node 1 bench/adapt_stage_speed.py --families bert-b --variants xdbert
 # 3. compiled (adapt.compile: true): does compiling pay in the stage itself?
 [ -n "${SKIP_COMPILED:-}" ] || run compiled 150 python3 bench/adapt_stage_speed.py --families bert-b --variants xdbert,baseline --compile
+save_compile_cache

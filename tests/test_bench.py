@@ -23,6 +23,15 @@ def test_the_gpu_benchmarks_import_without_ray_dvc_or_datasets():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def test_the_gpu_scripts_parse():
+    """A lease is 15 minutes: a shell syntax error in a script found there costs one."""
+    scripts = sorted((ROOT / "bench").glob("gpu_*.sh"))
+    assert {p.name for p in scripts} >= {"gpu_env.sh", "gpu_adapt.sh", "gpu_finetune.sh"}
+    for script in scripts:
+        done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert done.returncode == 0, f"{script.name}: {done.stderr}"
+
+
 def test_the_adapt_cost_table_is_written_without_ray_dvc_or_datasets(tmp_path):
     argv = ["adapt_stage_speed.py", "--sizes", "tiny", "--finetune-only", "--families", "bert-b",
             "--variants", "xdbert", "--out", str(tmp_path)]
