@@ -20,8 +20,8 @@ import torch
 import yaml
 from transformers import AutoModel, AutoTokenizer
 
-from xdbert.adaptation.loop import BatchMaker, adapt, evaluate, weighted_loss
 from xdbert import training
+from xdbert.adaptation.loop import BatchMaker, adapt, evaluate, weighted_loss
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.data import shards
 from xdbert.data.corpus import write_corpus
