@@ -13,10 +13,13 @@ of the pipeline's own `train_seed`. Throughput = real (non-padding) training tok
 Model: a random BERT (`--size base`: 12 x 768) with a WordPiece vocabulary trained on the task text;
 task: a GLUE stand-in (`--task`; RTE's pairs are about 30 real tokens, GLUE-like), `--train` examples.
 `--compile` compiles every run as `finetune.compile` does (on a GPU with CUDA graphs); `--compile-mode
-default` compiles without them, for comparison.
+default` compiles without them, for comparison. `--stack K` trains each process's seeds K at a time as one
+stacked model (`finetune.stack`, xdbert.finetuning.stacked): one call computes K runs, so `--runs 1
+--stack 8 --seeds 8` puts 8 runs on the GPU in one process, against `--runs 8` in 8 processes.
 
     python bench/finetune_share.py [--size base] [--task rte] [--runs 1,2,4,8] [--seeds 2] [--train 4000]
-                                   [--compile [--compile-mode reduce-overhead|default]] [--profile] [--sync-debug]
+                                   [--compile [--compile-mode reduce-overhead|default]] [--stack K]
+                                   [--profile] [--sync-debug]
 
 Writes bench/results/finetune_share.md and .json (or under --out).
 """
@@ -42,7 +45,9 @@ from finetune_speed import SIZES, build_bert, finetune_settings  # noqa: E402  (
 from xdbert.data.synthetic.tasks import generate_task  # noqa: E402
 from xdbert.data.tasks.registry import get_task  # noqa: E402
 from xdbert.finetuning import loop  # noqa: E402
+from xdbert.finetuning.grid import groups  # noqa: E402
 from xdbert.finetuning.job import prepare  # noqa: E402
+from xdbert.finetuning.stacked import train_group  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Table 1's two BERT-b rows: 9 tasks, 3 epochs, 5 seeds (RTE 9), about 38 real tokens an example.
@@ -60,7 +65,8 @@ def worker(model_dir, tables, settings, seeds, compile_mode, barrier, results, p
         job = prepare("encoder", model_dir, tables, settings)
         progress(f"prepared in {time.time() - t0:.1f} s")
         t0 = time.time()
-        loop.train_seed(job, 1000, device)  # warm-up, not timed
+        stack = job.hyperparameters.stack
+        train_group(job, tuple(range(1000, 1000 + stack)), device)  # warm-up, not timed
         if gpu:
             torch.cuda.synchronize()
         warmup = time.time() - t0
@@ -71,8 +77,11 @@ def worker(model_dir, tables, settings, seeds, compile_mode, barrier, results, p
             # every operation that makes the host wait for the GPU warns once, with the line that called it
             warnings.simplefilter("default")
             torch.cuda.set_sync_debug_mode("warn")
+        runs, train_seconds = [], 0.0
         with profiled(profile is not None, profile):
-            runs = [loop.train_seed(job, seed, device) for seed in seeds]
+            for group in groups(job, seeds):
+                runs += train_group(job, group, device)
+                train_seconds += runs[-1]["train_seconds"]  # a stack's seeds share its time
         if gpu:
             torch.cuda.set_sync_debug_mode(0)
             torch.cuda.synchronize()
@@ -80,7 +89,7 @@ def worker(model_dir, tables, settings, seeds, compile_mode, barrier, results, p
         split, metric = settings.task.dev_splits[0], settings.task.metric
         tokens = int(job.data["train"].lengths.sum()) * settings.epochs
         results.put({"start": start, "end": time.time(), "tokens": tokens * len(seeds), "warmup_seconds": warmup,
-                     "train_seconds": sum(r["train_seconds"] for r in runs),
+                     "train_seconds": train_seconds,
                      "examples": sum(r["train_examples"] for r in runs),
                      "accuracy": [r["metrics"][split][metric] for r in runs],
                      "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0})
@@ -136,6 +145,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--compile", action="store_true", help="finetune.compile in every run")
+    ap.add_argument("--stack", type=int, default=1, help="seeds trained as one stacked model (finetune.stack)")
     ap.add_argument("--compile-mode", choices=("reduce-overhead", "default"), default=loop.CUDA_COMPILE_MODE,
                     help="torch.compile's mode on a GPU (reduce-overhead: CUDA graphs, what the pipeline uses)")
     ap.add_argument("--profile", action="store_true",
@@ -150,7 +160,7 @@ def main() -> None:
     tables = generate_task(args.task, args.train, 400, seed=0)
     settings = finetune_settings(spec, args.lr, epochs=args.epochs, batch_size=args.batch_size, max_len=128,
                                  warmup_ratio=0.1, weight_decay=0.01, precision="auto", compile=args.compile,
-                                 length_group=50)
+                                 length_group=50, stack=args.stack)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "bert"
@@ -178,9 +188,11 @@ def write(args, n_params: int, rows: list[dict]) -> None:
     base = done[0]["tokens_per_second"] if done else None
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor()})"
     mode = f"compiled ({args.compile_mode})" if args.compile else "eager"
+    if args.stack > 1:
+        mode += f", seeds stacked {args.stack} to a model call"
     result = {"device": device, "torch": torch.__version__, "size": args.size, "parameters": n_params,
               "task": args.task, "train_examples": args.train, "epochs": args.epochs, "lr": args.lr,
-              "batch_size": args.batch_size, "compile": args.compile and args.compile_mode,
+              "batch_size": args.batch_size, "compile": args.compile and args.compile_mode, "stack": args.stack,
               "timed_seeds_per_process": args.seeds, "rows": rows,
               "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -198,7 +210,8 @@ def write(args, n_params: int, rows: list[dict]) -> None:
             lines.append(f"| {r['runs_per_gpu']} | failed: {r['error'][:200]} | | | | | | | | | |")
             continue
         acc = r["dev_accuracy"]
-        lines.append(f"| {r['runs_per_gpu']} | {r['tokens_per_second']:,.0f} | {r['examples_per_second']:,.0f} | "
+        runs = r["runs_per_gpu"] if args.stack == 1 else f"{r['runs_per_gpu']} x {args.stack} stacked"
+        lines.append(f"| {runs} | {r['tokens_per_second']:,.0f} | {r['examples_per_second']:,.0f} | "
                      f"{r['tokens_per_second'] / base:.2f}x | {r['mfu']:.1%} | {r['table1_bert_rows_gpu_hours']:.2f} | "
                      f"{r['loop_tokens_per_second']:,.0f} | {r['loop_mfu']:.1%} | "
                      f"{r['peak_gib_per_run']:.1f} | {min(acc):.3f}-{max(acc):.3f} | {r['warmup_seconds']:.0f} |")

@@ -56,3 +56,15 @@ def test_finetune_share_reports_both_rates_and_a_profile(tmp_path):
     profile = (tmp_path / "share_profile.txt").read_text()
     assert profile.count("Self CPU time total") == 2  # two tables: by GPU time, by the host's own time
     assert done.stderr.count("warmed up in") == 3 and done.stderr.count("timed seeds done in") == 3
+
+
+def test_finetune_share_trains_stacked_seeds_in_one_process(tmp_path):
+    """`--stack 2`: one process trains its 2 timed seeds as one stacked model; both are counted."""
+    argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--task", "sst2", "--runs", "1", "--seeds", "2",
+            "--stack", "2", "--train", "64", "--epochs", "1", "--name", "stacked", "--out", str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "stacked.json").read_text())
+    (row,) = result["rows"]
+    assert result["stack"] == 2 and len(row["dev_accuracy"]) == 2 and row["loop_tokens_per_second"] > 0
+    assert "| 1 x 2 stacked |" in (tmp_path / "stacked.md").read_text()

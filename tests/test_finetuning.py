@@ -24,6 +24,7 @@ from xdbert.finetuning import job as job_module
 from xdbert.finetuning.heads import EncoderClassifier, RowSubsetEmbedding
 from xdbert.finetuning.job import build_model, prepare
 from xdbert.finetuning.loop import pad_multiple, train_seed
+from xdbert.finetuning.stacked import train_group
 from xdbert.finetuning.rates import layer_depths, parameter_groups
 from xdbert.finetuning.results import write_results
 from xdbert.finetuning.runs import Study
@@ -349,13 +350,13 @@ def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_
     job.run_cache = str(tmp_path / "finished")
     trained, kill = [], [True]
 
-    def killed_train_seed(job, seed, device="cpu"):
-        trained.append(seed)
-        if seed == 2 and kill[0]:
+    def killed_train_group(job, group, device="cpu"):
+        trained.extend(group)
+        if 2 in group and kill[0]:
             raise KeyboardInterrupt  # the machine goes away during seed 2
-        return train_seed(job, seed, device)
+        return train_group(job, group, device)
 
-    monkeypatch.setattr(grid, "train_seed", killed_train_seed)
+    monkeypatch.setattr(grid, "train_group", killed_train_group)
     with pytest.raises(KeyboardInterrupt):
         grid.run_seeds(job, [0, 1, 2])
     assert sorted(p.name for p in (tmp_path / "finished").iterdir()) == sorted(
@@ -564,7 +565,7 @@ FINETUNE_PARAMS = {
     "epochs": 2, "warmup_ratio": 0.1, "batch_size": 16, "eval_batch_size": 64, "max_len": 32, "weight_decay": 0.01,
     "length_group": 4, "clip_blocks_per_sentence": 2, "dropout": 0.1,
     "seeds": [0, 1], "rte_seeds": [0, 1, 2], "precision": "auto",
-    "compile": False, "models": ["xdbert"], "ablations": [], "ablation_tasks": [], "ablation_lr": None, "ablation_seeds": None,
+    "compile": False, "stack": 1, "models": ["xdbert"], "ablations": [], "ablation_tasks": [], "ablation_lr": None, "ablation_seeds": None,
     "full_models": [], "clip_tasks": [],
 }
 

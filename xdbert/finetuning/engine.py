@@ -24,7 +24,7 @@ from ray.util import ActorPool
 
 from xdbert import training
 from xdbert.errors import PipelineError
-from xdbert.finetuning.loop import train_seed
+from xdbert.finetuning.stacked import train_group
 from xdbert.numerics import FINETUNING_THREADS
 
 # How many runs go at once: environment variables, never params.
@@ -133,16 +133,17 @@ class Worker:
         return {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
                 "device": training.device_name(self.device), "pid": os.getpid()}
 
-    def train(self, jobs: list[ray.ObjectRef], index: int, seed: int) -> tuple[int, int, dict]:
-        """Run (job `index`, `seed`). `jobs`: [`share`'s reference], in a list so that Ray passes the
-        reference as it is, and the jobs are fetched once, and again only by a restarted worker."""
+    def train(self, jobs: list[ray.ObjectRef], index: int, group: tuple[int, ...]) -> tuple[int, tuple, list[dict]]:
+        """Run the seeds `group` of job `index` (`grid.train_group`). `jobs`: [`share`'s reference], in a
+        list so that Ray passes the reference as it is, and the jobs are fetched once, and again only by a
+        restarted worker."""
         if self.jobs is None:
             self.jobs = ray.get(jobs[0])
         job = self.jobs[index]
         if not os.path.exists(job.model_path):
             raise PipelineError(f"{job.model_path} is not on the node {ray.get_runtime_context().get_node_id()}: "
                                 "the workers of a cluster read the models from a filesystem every node sees")
-        return index, seed, train_seed(job, seed, self.device)
+        return index, group, train_group(job, group, self.device)
 
 
 def share(jobs: list) -> ray.ObjectRef:
@@ -162,9 +163,9 @@ def devices(workers: list) -> set[str]:
     return {w["device"] for w in ray.get([worker.where.remote() for worker in workers])}
 
 
-def results(workers: list, jobs: ray.ObjectRef, runs: list[tuple[int, int]]) -> Iterator[tuple[int, int, dict]]:
-    """(job index, seed, result) of every run of the `share`d `jobs` as it finishes; a free worker takes
-    the next run in order."""
+def results(workers: list, jobs: ray.ObjectRef, runs: list[tuple[int, tuple]]) -> Iterator[tuple[int, tuple, list[dict]]]:
+    """(job index, seeds, their results) of every run (a group of seeds, `grid.groups`) of the `share`d
+    `jobs` as it finishes; a free worker takes the next run in order."""
     pool = ActorPool(workers)
     for run in runs:
         pool.submit(lambda worker, r: worker.train.remote([jobs], *r), run)

@@ -1,13 +1,15 @@
 """The finetuning grid: every (job, seed) run of the study in flight at once, and a cache of finished runs.
 
 The runs go to Ray workers (xdbert.finetuning.engine) longest first, so no worker idles while another
-still has several runs of its share to go (a task's runs differ up to 5x in cost, tasks far more).
+still has several runs of its share to go (a task's runs differ up to 5x in cost, tasks far more). With
+`finetune.stack` above 1, a job's seeds go in fixed groups of that many, in the order the params list
+them, and each group trains as one stacked model (`xdbert.finetuning.stacked`).
 
 With `Job.run_cache` set, the stage's process keeps every finished run there under a key of exactly what
-decided it: the code, the model's files, the tokenized task, the hyperparameters, the seed and the kind
-of device. DVC reruns the grid stage when any of its inputs changes, and a killed stage is rerun whole;
-either way, a run whose key is saved is read back instead of trained, so only the changed runs train (a
-new adaptation variant's, say) and a kill costs only the runs in flight. A fresh clone starts with an
+decided it: the code, the model's files, the tokenized task, the hyperparameters, the seed, the seeds
+stacked with it and the kind of device. DVC reruns the grid stage when any of its inputs changes, and a
+killed stage is rerun whole; either way, a run whose key is saved is read back instead of trained, so
+only the changed runs train (a new adaptation variant's, say) and a kill costs only the runs in flight. A fresh clone starts with an
 empty cache. When every run is in the cache, Ray is not started at all.
 """
 from __future__ import annotations
@@ -20,46 +22,54 @@ import torch
 from xdbert import training
 from xdbert.errors import PipelineError
 from xdbert.finetuning.job import Job
-from xdbert.finetuning.loop import train_seed
+from xdbert.finetuning.stacked import Group, train_group
 from xdbert.numerics import FINETUNING_THREADS
 
 
-def run_key(job: Job, seed: int, device: str) -> str:
+def groups(job: Job, seeds: list[int]) -> list[Group]:
+    """The job's seeds in groups of `stack`, in the given order (the last group may be smaller)."""
+    k = job.hyperparameters.stack
+    return [tuple(seeds[i:i + k]) for i in range(0, len(seeds), k)]
+
+
+def run_key(job: Job, seed: int, device: str, group: Group | None = None) -> str:
     """What decides a run's result (`Job.identity` covers the code, model files and data), as a file name;
-    `device` as `training.device_name` gives it."""
-    return training.fingerprint(job.identity, dataclasses.asdict(job.hyperparameters), seed, device)
+    `device` as `training.device_name` gives it; `group`, the seeds stacked with it, where there are any."""
+    stacked = [list(group)] if group and len(group) > 1 else []
+    return training.fingerprint(job.identity, dataclasses.asdict(job.hyperparameters), seed, device, *stacked)
 
 
-def cache_entry(job: Job, seed: int, device: str) -> tuple[Path, str]:
+def cache_entry(job: Job, seed: int, device: str, group: Group | None = None) -> tuple[Path, str]:
     """(file, key) of a run in `job.run_cache`."""
-    key = run_key(job, seed, device)
+    key = run_key(job, seed, device, group)
     return Path(job.run_cache) / f"{key}.pt", key
 
 
-def cached(job: Job, seed: int, device: str) -> dict | None:
-    """The result of the same run on `device`, saved in `job.run_cache`, or None."""
+def cached(job: Job, group: Group, device: str) -> list[dict] | None:
+    """The results of the group's runs on `device`, saved in `job.run_cache`, or None unless all are."""
     if not job.run_cache:
         return None
-    state = training.load_checkpoint(*cache_entry(job, seed, device))
-    return None if state is None else {**state["result"], "reused": True}
+    states = [training.load_checkpoint(*cache_entry(job, seed, device, group)) for seed in group]
+    return None if any(s is None for s in states) else [{**s["result"], "reused": True} for s in states]
 
 
-def keep(job: Job, seed: int, result: dict) -> dict:
-    """Save a run just trained in `job.run_cache`, under the device it ran on."""
+def keep(job: Job, group: Group, results: list[dict]) -> list[dict]:
+    """Save a group's runs just trained in `job.run_cache`, under the device they ran on."""
     if job.run_cache:
-        path, key = cache_entry(job, seed, result["device"])
-        training.save_checkpoint(path, {"result": result}, key)
-    return {**result, "reused": False}
+        for seed, result in zip(group, results):
+            path, key = cache_entry(job, seed, result["device"], group)
+            training.save_checkpoint(path, {"result": result}, key)
+    return [{**result, "reused": False} for result in results]
 
 
 def _local_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def train_or_resume(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
-    """`train_seed` in this process, or the result of the same run saved in `job.run_cache`; `reused`
+def train_or_resume(job: Job, group: Group, device: str | torch.device = "cpu") -> list[dict]:
+    """`train_group` in this process, or the results of the same runs saved in `job.run_cache`; `reused`
     says which."""
-    return cached(job, seed, training.device_name(device)) or keep(job, seed, train_seed(job, seed, device))
+    return cached(job, group, training.device_name(device)) or keep(job, group, train_group(job, group, device))
 
 
 def _check(work: list[tuple[Job, list[int]]]) -> None:
@@ -75,7 +85,7 @@ def run_seeds(job: Job, seeds: list[int]) -> list[dict]:
     before = torch.get_num_threads()
     torch.set_num_threads(FINETUNING_THREADS if device == "cpu" else before)
     try:
-        return [train_or_resume(job, seed, device) for seed in seeds]
+        return [result for group in groups(job, seeds) for result in train_or_resume(job, group, device)]
     finally:
         torch.set_num_threads(before)
 
@@ -92,9 +102,9 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto") -> 
     in seed order. Each result says whether it was `reused` from the run cache."""
     _check(work)
     jobs = [job for job, _ in work]
-    runs = [(i, seed) for i, (_, seeds) in enumerate(work) for seed in seeds]
+    runs = [(i, group) for i, (job, seeds) in enumerate(work) for group in groups(job, seeds)]
     local = training.device_name(_local_device())
-    done = {run: result for run in runs if (result := cached(jobs[run[0]], run[1], local)) is not None}
+    done = {run: results for run in runs if (results := cached(jobs[run[0]], run[1], local)) is not None}
     todo = [run for run in runs if run not in done]
     if todo:
         # Ray only where a grid runs: the benchmarks' single seeds (`run_seeds`) run on machines without it
@@ -102,17 +112,20 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto") -> 
 
         started = engine.connect()
         try:
-            n, gpu_each = engine.plan(len(todo), workers, engine.run_gib([job.model_path for job in jobs]))
+            stack = max(len(group) for _, group in todo)  # a stack holds that many runs' weights and states
+            n, gpu_each = engine.plan(len(todo), workers, stack * engine.run_gib([job.model_path for job in jobs]))
             shared = engine.share(jobs)
             actors = engine.start_workers(n, gpu_each)
             # A cluster's workers may compute on another device than this machine: look again under theirs.
             for device in engine.devices(actors) - {local}:
-                done.update({run: result for run in todo
-                             if (result := cached(jobs[run[0]], run[1], device)) is not None})
-            todo = sorted((run for run in todo if run not in done), key=lambda run: _cost(jobs[run[0]]), reverse=True)
-            for i, seed, result in engine.results(actors, shared, todo):
-                done[(i, seed)] = keep(jobs[i], seed, result)
+                done.update({run: results for run in todo
+                             if (results := cached(jobs[run[0]], run[1], device)) is not None})
+            todo = sorted((run for run in todo if run not in done),
+                          key=lambda run: (*_cost(jobs[run[0]]), len(run[1])), reverse=True)
+            for i, group, results in engine.results(actors, shared, todo):
+                done[(i, group)] = keep(jobs[i], group, results)
         finally:
             if started:
                 engine.disconnect()
-    return [[done[(i, seed)] for seed in seeds] for i, (_, seeds) in enumerate(work)]
+    by_seed = {(i, r["seed"]): r for (i, _), results in done.items() for r in results}
+    return [[by_seed[(i, seed)] for seed in seeds] for i, (_, seeds) in enumerate(work)]

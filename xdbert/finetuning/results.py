@@ -30,7 +30,9 @@ def summarize(job: Job, runs: list[dict]) -> dict:
         **{split: {m: _clean(v) for m, v in r["metrics"][split].items()} for split in spec.dev_splits},
         **{k: _clean(r[k]) for k in ("first_epoch_loss", "last_epoch_loss")},
         "steps": r["steps"], "device": r["device"],
-        "precision": r["precision"]} for r in runs}  # wall-clock times go to the run log (xdbert.runlog)
+        "precision": r["precision"],
+        **({"stacked_with": r["stacked_with"]} if "stacked_with" in r else {}),  # its dropout's stack
+    } for r in runs}  # wall-clock times go to the run log (xdbert.runlog)
     return {
         "task": spec.name, "kind": job.model_kind, "metric": spec.metric, "higher_is_better": spec.higher_is_better,
         "headline": median[spec.dev_splits[0]][spec.metric], "median": median, "seeds": per_seed,

@@ -60,6 +60,7 @@ class Hyperparameters:
     dropout: float                  # before the new head of the clip and full kinds
     precision: str                  # auto | bf16 | fp16 | no (xdbert.training.mixed_precision)
     compile: bool | str             # torch.compile the model (lengths dynamic): true, false, auto (on a GPU)
+    stack: int                      # seeds trained as one stacked model (xdbert.finetuning.stacked); 1 = each alone
 
 
 def seeds_key(task: TaskSpec) -> str:
@@ -95,6 +96,7 @@ class FinetuneSettings:
     dropout: float
     precision: str
     compile: bool | str
+    stack: int
     lr: dict                        # task -> {base, large[, full]: rate}: Table 5, per task
     seeds: list[int]                # this task's seeds (`seeds`, or `rte_seeds` for RTE)
     study: Study                    # which models are finetuned
@@ -104,7 +106,7 @@ class FinetuneSettings:
         f = params.section(p, "finetune")
         s: dict[str, Any] = {key: params.positive(params.get(f, key, "finetune"), f"finetune.{key}")
                              for key in ("epochs", "batch_size", "eval_batch_size", "max_len", "length_group",
-                                         "clip_blocks_per_sentence")}
+                                         "clip_blocks_per_sentence", "stack")}
         if s["max_len"] > 512:
             raise PipelineError(f"`finetune.max_len` must be at most 512 (BERT's positions); got {s['max_len']}")
         for key in ("warmup_ratio", "weight_decay", "dropout"):
@@ -128,11 +130,13 @@ class FinetuneSettings:
         Table 1's protocol or Table 3's (`ablation`: its one rate, where it gives one), with its family's
         layer-wise decay."""
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(Hyperparameters)
-                  if f.name not in ("lr", "max_grad_norm", "layer_lr_decay")}  # the section's values, one for one
+                  if f.name not in ("lr", "max_grad_norm", "layer_lr_decay", "stack")}  # the section's values, one for one
         lr = self.study.protocol.lr if protocol == "ablation" else None
         if lr is None:
             lr = learning_rate(self.lr, self.task, size, model_kind)
-        return Hyperparameters(lr=lr, max_grad_norm=MAX_GRAD_NORM, layer_lr_decay=layer_lr_decay, **shared)
+        # only an encoder's forward can be vmapped (`stacked`); the other kinds train each seed alone
+        stack = self.stack if model_kind == "encoder" else 1
+        return Hyperparameters(lr=lr, max_grad_norm=MAX_GRAD_NORM, layer_lr_decay=layer_lr_decay, stack=stack, **shared)
 
     def seeds_of(self, run: Run) -> list[int]:
         """The seeds of a run: the task's, or Table 3's protocol's where it gives them."""

@@ -1,0 +1,235 @@
+"""Several seeds of one job trained as one model: every call runs all of them (`finetune.stack`).
+
+On a GPU a base model's step on 32 short examples is bound by launching ~1,200 small kernels, not by
+arithmetic: runs taking turns on one GPU saturate at a few runs (bench/results/h200). Here K seeds'
+weights are stacked along a new leading dimension (`torch.func.stack_module_state`) and one call,
+vmapped over that dimension, computes all K models on their own batches: each kernel does K runs' work
+(a batched matrix product instead of K small ones), so a step's kernel count no longer grows with K.
+
+Each seed keeps what makes it a seed: its head's initial weights, its batch order, its own loss,
+gradient-norm clipping and AdamW state (AdamW is elementwise, so one optimizer over stacked tensors
+updates each seed exactly as its own would). What it shares is the dropout stream: the masks of a step
+are drawn for the K seeds together, seeded from the whole stack and the step. So a seed's result depends
+on the seeds stacked with it, and `stack` is part of every run's settings (and of its key in the run
+cache), as `compile` is. With dropout off, a stacked seed computes what `loop.train_seed` computes for it,
+up to float rounding (tests/test_stacked.py).
+
+The seeds' batches of a step may differ in size (the last batch of an epoch lands at a different step
+for each seed) and in length; they are padded to the largest, the padding rows copies of a real row
+whose scores no loss reads, so they get no gradient.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from xdbert import training
+from xdbert.data.tasks.metrics import compute_metrics
+from xdbert.errors import PipelineError
+from xdbert.finetuning import data as fd
+from xdbert.finetuning.job import Job, build_model
+from xdbert.finetuning.loop import compiled, epoch_loss, pad_multiple, task_loss, train_seed
+from xdbert.finetuning.rates import parameter_groups
+
+# Compiled, a stacked model is compiled anew for each batch shape: vmap's batching rules (layer norm's)
+# fix the sequence length in the graph, where the unstacked model keeps one graph for every length. So
+# lengths are rounded up to buckets of 32 tokens (4 graphs up to 128) and batches filled to full size.
+LENGTH_BUCKET = 32
+Group = tuple[int, ...]  # seeds trained together (`finetune.stack` of them, the last group maybe fewer)
+
+
+class StackedModel(nn.Module):
+    """K copies of one architecture as one module: `forward(batch) -> scores (K, B, outputs)`.
+
+    The stacked weights are this module's own parameters (so torch.compile and CUDA graphs treat them as
+    the static weights they are); `template` is the architecture without storage, called functionally
+    with each seed's slice. Eagerly, transformers' check whether a batch has padding at all (to drop the
+    attention mask) is turned off: it reads the mask's values on the host, which a vmapped call cannot; the
+    mask is then always applied, which gives the same scores.
+    """
+
+    def __init__(self, models: list[nn.Module]):
+        super().__init__()
+        params, buffers = stack_module_state(models)
+        self.names = list(params)
+        self.weights = nn.ParameterList(nn.Parameter(params[n].detach(), requires_grad=params[n].requires_grad)
+                                        for n in self.names)
+        self.buffer_names = list(buffers)
+        for i, name in enumerate(self.buffer_names):
+            self.register_buffer(f"buffer_{i}", buffers[name], persistent=False)
+        # not a submodule: its meta tensors must not show up among this module's parameters
+        self.__dict__["template"] = copy.deepcopy(models[0]).to("meta")
+        self.k = len(models)
+
+    def named_stacked(self) -> dict[str, nn.Parameter]:
+        """The stacked weights by the name each has in one model."""
+        return dict(zip(self.names, self.weights))
+
+    def train(self, mode: bool = True) -> "StackedModel":
+        self.template.train(mode)  # dropout reads the template's mode
+        return super().train(mode)
+
+    def forward(self, batch: dict[str, torch.Tensor], shared: bool = False) -> torch.Tensor:
+        """Scores of each seed's model on its own batch (tensors (K, B, ...)), or with `shared` on one
+        batch for all (tensors (B, ...), as in evaluation)."""
+        from transformers import masking_utils
+
+        params = self.named_stacked()
+        buffers = {n: getattr(self, f"buffer_{i}") for i, n in enumerate(self.buffer_names)}
+
+        def one(p, b, x):
+            return functional_call(self.template, (p, b), (x,))
+
+        call = vmap(one, in_dims=(0, 0, None if shared else 0), randomness="different")
+        if torch.compiler.is_compiling():  # transformers skips the check itself while compiling
+            return call(params, buffers, batch)
+        with mock.patch.object(masking_utils, "_ignore_bidirectional_mask_sdpa", lambda *args, **kwargs: False):
+            return call(params, buffers, batch)
+
+
+def clip_per_seed(parameters, max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` for each seed of stacked gradients: every seed's gradient norm
+    (over all its tensors) is clipped to `max_norm` alone. Returns the K norms."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    squares = torch.stack([g.float().pow(2).flatten(1).sum(1) for g in grads]).sum(0)
+    norms = squares.sqrt()
+    coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype).view(-1, *([1] * (g.dim() - 1))))
+    return norms
+
+
+def stack_batches(data: fd.Encoded, rows: list[np.ndarray], multiple: int,
+                  size: int = 0) -> tuple[dict[str, np.ndarray], list[int]]:
+    """The K seeds' batches as one: arrays (K, B, ..., L) at the largest length and batch size (or `size`
+    where larger). Sequences are padded with each input's pad id (mask 0); missing rows repeat the seed's
+    first row. Returns the batch and each seed's real row count."""
+    batches = [fd.collate(data, r, multiple) for r in rows]
+    sizes = [len(r) for r in rows]
+    size = max(size, *sizes)
+    pads = {**data.pad_ids, "attention_mask": 0}
+    length = max(b["attention_mask"].shape[-1] for b in batches)
+    out = {}
+    for key in batches[0]:
+        arrays = []
+        for b, n in zip(batches, sizes):
+            a = b[key]
+            if key in pads:
+                widths = [(0, 0)] * (a.ndim - 1) + [(0, length - a.shape[-1])]
+                a = np.pad(a, widths, constant_values=pads[key])
+            arrays.append(np.concatenate([a, np.repeat(a[:1], size - n, axis=0)]) if n < size else a)
+        out[key] = np.stack(arrays)
+    return out, sizes
+
+
+@torch.no_grad()
+def predict_stacked(model: nn.Module, k: int, job: Job, data: fd.Encoded, multiple: int, device: torch.device,
+                    autocast) -> list[np.ndarray]:
+    """The K seeds' predictions on a split (as `loop.predict`), each batch computed once for all seeds."""
+    model.eval()
+    out: list[np.ndarray] = []
+    for rows in fd.eval_batches(data.lengths, job.hyperparameters.eval_batch_size):
+        batch = training.to_device(fd.collate(data, rows, multiple), device)
+        batch.pop("labels")
+        with autocast():
+            scores = model(batch, shared=True).float()
+        if job.spec.kind == "regression":
+            values = scores.reshape(k, -1).double().cpu().numpy()
+        else:
+            values = scores.argmax(-1).cpu().numpy().astype(np.int64)
+        if not out:
+            out = [np.zeros(len(data), dtype=values.dtype) for _ in range(k)]
+        for seed_out, v in zip(out, values):
+            seed_out[rows] = v
+    model.train()
+    return out
+
+
+def train_stack(job: Job, seeds: list[int], device: str | torch.device = "cpu") -> list[dict]:
+    """Finetune fresh copies of the model for `seeds` as one stacked model; evaluate each on every dev
+    split. Returns one result per seed, as `loop.train_seed` does, each naming the seeds it was stacked with
+    (`stacked_with`); their times are the stack's."""
+    s, spec = job.hyperparameters, job.spec
+    if job.model_kind != "encoder":
+        raise PipelineError(f"finetune.stack > 1 trains `encoder` models only, not `{job.model_kind}`: its forward "
+                            "reads data-dependent shapes on the host, which a vmapped call cannot")
+    device = torch.device(device)
+    t0 = time.time()
+    models = []
+    for seed in seeds:
+        torch.manual_seed(training.step_seed(seed, -1))  # each seed's head, as in train_seed
+        models.append(build_model(job))
+    groups = parameter_groups(models[0], s.lr, s.weight_decay, s.layer_lr_decay)
+    model = StackedModel(models).to(device)
+    del models
+    model.train()
+    stacked = model.named_stacked()
+    for g in groups:  # the same groups as one model's: weight decay by each tensor's own rank
+        g["params"] = [stacked[n] for n in g.pop("names")]
+    train = job.data["train"]
+    total = math.ceil(len(train) / s.batch_size) * s.epochs
+    optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
+    precision = training.Precision(s.precision, device)
+    compiling = training.compiles(s.compile, device)
+    forward = compiled(model, device) if compiling else model
+
+    where = f"finetune {job.model_kind} {Path(job.model_path).name} {spec.name} seeds {seeds} (stacked)"
+    multiple, size = pad_multiple(s.max_len, device), 0
+    if compiling and s.max_len % LENGTH_BUCKET == 0:
+        multiple, size = LENGTH_BUCKET, s.batch_size
+    epoch_losses, step = [], 0
+    t_train = time.time()
+    for epoch in range(s.epochs):
+        losses = []
+        orders = [fd.length_grouped_batches(train.lengths, s.batch_size, seed, epoch, s.length_group) for seed in seeds]
+        for rows in zip(*orders):
+            arrays, sizes = stack_batches(train, list(rows), multiple, size)
+            batch = training.to_device(arrays, device)
+            labels = batch.pop("labels")
+            torch.manual_seed(training.step_seed(seeds, -2, step))  # the stack's dropout of this step
+            if compiling:
+                torch.compiler.cudagraph_mark_step_begin()
+            with precision.autocast():
+                scores = forward(batch)
+            # each seed's loss on its real rows alone; the sum's gradient is each seed's own
+            loss = torch.stack([task_loss(spec, scores[i, :n], labels[i, :n]) for i, n in enumerate(sizes)])
+            precision.scale(loss.sum()).backward()
+            precision.step(optimizer, model.parameters(), s.max_grad_norm, clip=clip_per_seed)
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+            step += 1
+        per_seed = torch.stack(losses).unbind(1)
+        epoch_losses.append([epoch_loss(list(x.unbind()), step, f"{where}, seed {seed}")
+                             for x, seed in zip(per_seed, seeds)])
+
+    train_seconds = time.time() - t_train
+    t_eval = time.time()
+    metrics: list[dict] = [{} for _ in seeds]
+    predictions: list[dict] = [{} for _ in seeds]
+    for split in job.dev_splits:
+        data = job.data[split]
+        for i, pred in enumerate(predict_stacked(forward, len(seeds), job, data, multiple, device, precision.autocast)):
+            predictions[i][split] = pred
+            metrics[i][split] = compute_metrics(spec.name, pred, data.labels)
+    return [{"seed": seed, "stacked_with": list(seeds), "device": training.device_name(device),
+             "precision": precision.name, "metrics": metrics[i], "predictions": predictions[i],
+             "first_epoch_loss": epoch_losses[0][i], "last_epoch_loss": epoch_losses[-1][i], "steps": step,
+             "train_examples": len(train) * s.epochs, "train_seconds": round(train_seconds, 3),
+             "eval_seconds": round(time.time() - t_eval, 3), "seconds": round(time.time() - t0, 3)}
+            for i, seed in enumerate(seeds)]
+
+
+def train_group(job: Job, group: Group, device: str | torch.device = "cpu") -> list[dict]:
+    """A group's results in seed order: one seed alone (`loop.train_seed`), several as one stacked model."""
+    if len(group) == 1:
+        return [train_seed(job, group[0], device)]
+    return train_stack(job, list(group), device)
