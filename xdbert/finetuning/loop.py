@@ -24,12 +24,13 @@ from xdbert.finetuning.job import Job, build_model
 from xdbert.finetuning.rates import parameter_groups
 
 
-def task_loss(spec: TaskSpec, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over classes or choices; mean squared error for regression (as transformers' heads)."""
+def task_loss(spec: TaskSpec, scores: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over classes or choices; mean squared error for regression (as transformers' heads).
+    `reduction="none"`: one loss per example."""
     scores = scores.float()
     if spec.kind == "regression":
-        return F.mse_loss(scores.reshape(-1), labels.float())
-    return F.cross_entropy(scores, labels)
+        return F.mse_loss(scores.reshape(-1), labels.float(), reduction=reduction)
+    return F.cross_entropy(scores, labels, reduction=reduction)
 
 
 def pad_multiple(max_len: int, device: torch.device) -> int:

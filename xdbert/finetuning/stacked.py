@@ -16,7 +16,7 @@ up to float rounding (tests/test_stacked.py).
 
 The seeds' batches of a step may differ in size (the last batch of an epoch lands at a different step
 for each seed) and in length; they are padded to the largest, the padding rows copies of a real row
-whose scores no loss reads, so they get no gradient.
+that weigh 0 in the loss, so they add no gradient.
 """
 from __future__ import annotations
 
@@ -192,15 +192,19 @@ def train_stack(job: Job, seeds: list[int], device: str | torch.device = "cpu") 
         orders = [fd.length_grouped_batches(train.lengths, s.batch_size, seed, epoch, s.length_group) for seed in seeds]
         for rows in zip(*orders):
             arrays, sizes = stack_batches(train, list(rows), multiple, size)
+            width = arrays["labels"].shape[1]
+            arrays["weights"] = np.array([[1.0 / n] * n + [0.0] * (width - n) for n in sizes], dtype=np.float32)
             batch = training.to_device(arrays, device)
-            labels = batch.pop("labels")
+            labels, weights = batch.pop("labels"), batch.pop("weights")
             torch.manual_seed(training.step_seed(seeds, -2, step))  # the stack's dropout of this step
             if compiling:
                 torch.compiler.cudagraph_mark_step_begin()
             with precision.autocast():
                 scores = forward(batch)
-            # each seed's loss on its real rows alone; the sum's gradient is each seed's own
-            loss = torch.stack([task_loss(spec, scores[i, :n], labels[i, :n]) for i, n in enumerate(sizes)])
+            # each seed's loss: the mean over its real rows (`weights`: 1 / rows, 0 on padding rows); one
+            # set of kernels for the whole stack. The sum's gradient is each seed's own.
+            rows_loss = task_loss(spec, scores.flatten(0, 1), labels.flatten(0, 1), reduction="none")
+            loss = (rows_loss.view(weights.shape) * weights).sum(1)
             precision.scale(loss.sum()).backward()
             precision.step(optimizer, model.parameters(), s.max_grad_norm, clip=clip_per_seed)
             schedule.step()
