@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease of the device machine (one GPU, torch and transformers there; ruamel.yaml carried as a wheel
 # in .whl/): the finetuning speed measurements of bench/results/<gpu>/, most important first, each under
-# its own time limit so one that hangs leaves the rest their time (about 540 s in all). Every step uses
+# its own time limit so one that hangs leaves the rest their time (about 570 s in all). Every step uses
 # the same task and sizes, so the compile cache the first one fills serves the rest; a fresh machine's
 # first compiled run needs over 120 s on its own. Each run process logs when it has prepared, warmed up
 # and finished, so a step stopped by its limit still says how far it got.
@@ -32,10 +32,11 @@ share() {  # limit, then finetune_share.py's arguments
 # 1. one run with CUDA graphs (what finetune.compile does on a GPU): the reference for the rest
 share 150 --runs 1 --name share_1
 # 2. 8 seeds stacked into one model (finetune.stack 8) in one process: each kernel computes 8 runs, where
-#    runs taking turns saturated at about 4 (bench/results/h200). Its own graphs: a cold compile
-share 240 --runs 1 --stack 8 --seeds 8 --name share_stack8
+#    runs taking turns saturated at about 4 (bench/results/h200). Its own graphs, one per 32-token length
+#    bucket (2 or 3 here), compiled cold during the warm-up stack: the longest limit
+share 300 --runs 1 --stack 8 --seeds 8 --name share_stack8
 # 3. two processes of 8 stacked seeds each, 16 runs on the GPU (step 2's graphs, from the cache)
-TORCHINDUCTOR_COMPILE_THREADS=1 share 150 --runs 2 --stack 8 --seeds 8 --name share_stack8_runs2
+TORCHINDUCTOR_COMPILE_THREADS=1 share 120 --runs 2 --stack 8 --seeds 8 --name share_stack8_runs2
 # MORE=1: the unstacked path's diagnosis, for a lease with time to spare
 if [ -n "${MORE:-}" ]; then
     # where a step goes: kernels by GPU time, host calls by CPU time, each operation that makes the host

@@ -134,7 +134,7 @@ class Worker:
                 "device": training.device_name(self.device), "pid": os.getpid()}
 
     def train(self, jobs: list[ray.ObjectRef], index: int, group: tuple[int, ...]) -> tuple[int, tuple, list[dict]]:
-        """Run the seeds `group` of job `index` (`grid.train_group`). `jobs`: [`share`'s reference], in a
+        """Run the seeds `group` of job `index` (`stacked.train_group`). `jobs`: [`share`'s reference], in a
         list so that Ray passes the reference as it is, and the jobs are fetched once, and again only by a
         restarted worker."""
         if self.jobs is None:
