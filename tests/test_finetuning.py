@@ -24,11 +24,11 @@ from xdbert.finetuning import job as job_module
 from xdbert.finetuning.heads import EncoderClassifier, RowSubsetEmbedding
 from xdbert.finetuning.job import build_model, prepare
 from xdbert.finetuning.loop import pad_multiple, train_seed
-from xdbert.finetuning.stacked import train_group
 from xdbert.finetuning.rates import layer_depths, parameter_groups
 from xdbert.finetuning.results import write_results
 from xdbert.finetuning.runs import Study
 from xdbert.finetuning.settings import FinetuneSettings, learning_rate, size_of
+from xdbert.finetuning.stacked import train_group
 from xdbert.model.settings import family
 from xdbert.profiles import values
 
