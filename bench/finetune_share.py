@@ -4,9 +4,9 @@ On a machine without CUDA the same runs share the CPU, one thread each (a smoke 
 
 The grid gives each worker a fraction of a GPU; this measures what that buys before any worker engine
 is involved. For each K, K spawned processes share the one GPU the way K grid workers would: each
-prepares the job (tokenizes), trains one warm-up seed (CUDA context, kernels per batch shape, the
-allocator: what a long-lived worker pays once), waits for the others, then trains `--seeds` timed seeds
-of the pipeline's own `train_seed`. Throughput = real (non-padding) training tokens of all timed seeds
+prepares the job (tokenizes), trains a warm-up seed (or stack) for one epoch (CUDA context, compiled
+graphs and kernels per batch shape, the allocator: what a long-lived worker pays once), waits for the
+others, then trains `--seeds` timed seeds of the pipeline's own `train_seed`. Throughput = real (non-padding) training tokens of all timed seeds
 / wall time from the common start to the last finish; MFU counts 6 x parameters x real tokens
 (the training FLOPs of the encoder, attention excluded) against `--peak` bf16 TFLOP/s.
 
@@ -26,6 +26,7 @@ Writes bench/results/finetune_share.md and .json (or under --out).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -65,8 +66,10 @@ def worker(model_dir, tables, settings, seeds, compile_mode, barrier, results, p
         job = prepare("encoder", model_dir, tables, settings)
         progress(f"prepared in {time.time() - t0:.1f} s")
         t0 = time.time()
-        stack = job.hyperparameters.stack
-        train_group(job, tuple(range(1000, 1000 + stack)), device)  # warm-up, not timed
+        # The warm-up trains one epoch: an epoch holds every batch shape, so every graph the timed seeds
+        # need is compiled, and a stack of 8 does not train 8 whole runs before the timing starts.
+        warm = prepare("encoder", model_dir, tables, dataclasses.replace(settings, epochs=1))
+        train_group(warm, tuple(range(1000, 1000 + warm.hyperparameters.stack)), device)  # not timed
         if gpu:
             torch.cuda.synchronize()
         warmup = time.time() - t0
@@ -181,13 +184,15 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
             write(args, n_params, rows)
+    if any("error" in r for r in rows):
+        sys.exit(1)  # the table says which failed; a calling script may try something else
 
 
 def write(args, n_params: int, rows: list[dict]) -> None:
     done = [r for r in rows if "error" not in r]
     base = done[0]["tokens_per_second"] if done else None
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor()})"
-    mode = f"compiled ({args.compile_mode})" if args.compile else "eager"
+    mode = "eager" if not args.compile else f"compiled ({args.compile_mode})" if torch.cuda.is_available() else "compiled"
     if args.stack > 1:
         mode += f", seeds stacked {args.stack} to a model call"
     result = {"device": device, "torch": torch.__version__, "size": args.size, "parameters": n_params,
@@ -200,7 +205,7 @@ def write(args, n_params: int, rows: list[dict]) -> None:
     lines = [f"# Finetuning runs sharing one GPU ({device})", "",
              f"Random BERT {args.size} ({n_params:,} parameters), {args.task.upper()} stand-in ({args.train} training "
              f"examples), {args.epochs} epochs at lr {args.lr}, batch {args.batch_size}, bf16 autocast, {mode}; "
-             f"{args.seeds} timed seeds per process after one warm-up seed; torch {torch.__version__}.", "",
+             f"{args.seeds} timed seeds per process after a one-epoch warm-up; torch {torch.__version__}.", "",
              "Real tokens/s counts every timed seed's wall time (building the model, training, dev evaluation); "
              "in loops counts the training loops alone, the rate a long run approaches.", "",
              "| runs per GPU | real tokens/s | examples/s | vs 1 run | MFU | Table 1 BERT-b rows, GPU-hours | in loops: real tokens/s | MFU | peak GiB per run | dev accuracy | warm-up s |",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease of the device machine (one GPU, torch and transformers there; ruamel.yaml carried as a wheel
 # in .whl/): the finetuning speed measurements of bench/results/<gpu>/, most important first, each under
-# its own time limit so one that hangs leaves the rest their time (about 570 s in all). Every step uses
+# its own time limit so one that hangs leaves the rest their time (about 540 s in all). Every step uses
 # the same task and sizes, so the compile cache the first one fills serves the rest; a fresh machine's
 # first compiled run needs over 120 s on its own. Each run process logs when it has prepared, warmed up
 # and finished, so a step stopped by its limit still says how far it got.
@@ -11,48 +11,56 @@
 # SST-2 stand-in's 12 understate a step's work). A tiny random BERT learns them on the CPU (dev accuracy
 # 0.752, chance 0.5: finetune_share.py --size tiny --task rte --train 3000 --epochs 3 --lr 1e-3);
 # BERT-base is untried on them. `sst2 2 5e-5 6000` is the earlier leases' set, which BERT-base learns (0.955).
-# After the single run: 8 seeds stacked into one model, in one process and in two. MORE=1 adds the
-# unstacked path's profile and RUNS (default 8) processes taking turns, then under MPS; TRAINER=1 adds
-# the comparison with the transformers Trainer. Results and the whole log land in
-# bench/results/gpu/, and as one archive in $OUT when $OUT is set, beside the compile cache
+# Steps (STEPS="1 2 3" by default): one run; 8 seeds stacked into one model, eager; the same compiled;
+# 4: two compiled stacks side by side. MORE=1 adds the unstacked path's profile and RUNS (default 8)
+# processes taking turns, then under MPS; TRAINER=1 adds the comparison with the transformers Trainer.
+# Results and the whole log land in bench/results/gpu/, and as one archive in $OUT when $OUT is set,
+# beside the compile cache
 # (compile-cache.tgz: put it in the checkout as .compile-cache.tgz and carry it to skip the next lease's
 # cold compile; bench/gpu_env.sh unpacks it).
 set -u
 task=${1:-rte} epochs=${2:-3} lr=${3:-5e-5} train=${4:-6000}
 out=bench/results/gpu
 source bench/gpu_env.sh
-common=(--task "$task" --epochs "$epochs" --lr "$lr" --train "$train" --seeds 1 --out "$out" --compile)
+common=(--task "$task" --epochs "$epochs" --lr "$lr" --train "$train" --seeds 1 --out "$out")
 pack() { [ -n "${OUT:-}" ] && tar -czf "$OUT/gpu_finetune.tgz" -C "$out" .; }
 share() {  # limit, then finetune_share.py's arguments
     local limit=$1; shift
     timeout "$limit" python3 bench/finetune_share.py "${common[@]}" "$@" >>"$out/log.txt" 2>&1
-    echo "finetune_share.py $* (limit $limit s): exit $?" | tee -a "$out/log.txt"
+    local status=$?
+    echo "finetune_share.py $* (limit $limit s): exit $status" | tee -a "$out/log.txt"
     pack
+    return $status
 }
+want() { [[ " ${STEPS:-1 2 3} " == *" $1 "* ]]; }  # STEPS: which numbered steps to run
 # 1. one run with CUDA graphs (what finetune.compile does on a GPU): the reference for the rest
-share 150 --runs 1 --name share_1
-# 2. 8 seeds stacked into one model (finetune.stack 8) in one process: each kernel computes 8 runs, where
-#    runs taking turns saturated at about 4 (bench/results/h200). Its own graphs, one per 32-token length
-#    bucket (2 or 3 here), compiled cold during the warm-up stack: the longest limit
-share 300 --runs 1 --stack 8 --seeds 8 --name share_stack8
-# 3. two processes of 8 stacked seeds each, 16 runs on the GPU (step 2's graphs, from the cache)
-TORCHINDUCTOR_COMPILE_THREADS=1 share 120 --runs 2 --stack 8 --seeds 8 --name share_stack8_runs2
+want 1 && share 150 --compile --runs 1 --name share_1
+# 2. 8 seeds stacked into one model (finetune.stack 8) in one process, eagerly: each kernel computes 8
+#    runs, where runs taking turns saturated at about 4 (bench/results/h200). Nothing to compile: quick
+want 2 && share 100 --runs 1 --stack 8 --seeds 8 --name share_stack8_eager
+# 3. the same stack compiled with CUDA graphs. Its own graphs, one per 32-token length bucket (2 or 3
+#    here), compiled cold during the warm-up epoch: the longest limit. The log times each recompile, so a
+#    step stopped by its limit still shows where the time went
+want 3 && TORCH_LOGS=recompiles share 270 --compile --runs 1 --stack 8 --seeds 8 --name share_stack8
+# 4. two processes of 8 compiled stacked seeds each, 16 runs on the GPU (step 3's graphs, from the cache):
+#    STEPS=4 in a second call on the warm machine, past the first call's 600 s
+want 4 && TORCHINDUCTOR_COMPILE_THREADS=1 share 120 --compile --runs 2 --stack 8 --seeds 8 --name share_stack8_runs2
 # MORE=1: the unstacked path's diagnosis, for a lease with time to spare
 if [ -n "${MORE:-}" ]; then
     # where a step goes: kernels by GPU time, host calls by CPU time, each operation that makes the host
     # wait for the GPU (with the line that called it), torch.compile's recompiles, graph breaks and
     # CUDA graphs it skipped. One epoch: the profiler slows every step
-    TORCH_LOGS=recompiles,graph_breaks,perf_hints share 90 --runs 1 --epochs 1 --name share_profile --profile --sync-debug
+    TORCH_LOGS=recompiles,graph_breaks,perf_hints share 90 --compile --runs 1 --epochs 1 --name share_profile --profile --sync-debug
     # several runs taking turns on the GPU, each compiling with one Inductor thread (8 processes, each with a
     # pool of one compile thread per core, did not warm up within 130 s of a cold machine)
-    TORCHINDUCTOR_COMPILE_THREADS=1 share 150 --runs "${RUNS:-8}" --name share_runs
+    TORCHINDUCTOR_COMPILE_THREADS=1 share 150 --compile --runs "${RUNS:-8}" --name share_runs
     # the same under MPS (CUDA's multi-process service): without it the GPU runs one process's kernels at a
     # time; with it, several processes' kernels run side by side. Skipped without an MPS control daemon.
     if command -v nvidia-cuda-mps-control >/dev/null; then
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
         if nvidia-cuda-mps-control -d; then
-            TORCHINDUCTOR_COMPILE_THREADS=1 share 150 --runs "${RUNS:-8}" --name share_runs_mps
+            TORCHINDUCTOR_COMPILE_THREADS=1 share 150 --compile --runs "${RUNS:-8}" --name share_runs_mps
             echo quit | nvidia-cuda-mps-control
             cp "$CUDA_MPS_LOG_DIRECTORY/control.log" "$out/mps_control.log" 2>/dev/null
         fi

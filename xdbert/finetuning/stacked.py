@@ -65,8 +65,13 @@ class StackedModel(nn.Module):
         self.buffer_names = list(buffers)
         for i, name in enumerate(self.buffer_names):
             self.register_buffer(f"buffer_{i}", buffers[name], persistent=False)
+        template = copy.deepcopy(models[0])
+        # Attention as plain matrix products and a softmax: SDPA's fused kernels have no batching rule
+        # of their own under vmap, and compiled for a GPU, the memory-efficient kernel's backward rejects
+        # the layout vmap gives its log-sum-exp ("LSE is not correctly aligned", bench/results/h200).
+        template.model.set_attn_implementation("eager")
         # not a submodule: its meta tensors must not show up among this module's parameters
-        self.__dict__["template"] = copy.deepcopy(models[0]).to("meta")
+        self.__dict__["template"] = template.to("meta")
         self.k = len(models)
 
     def named_stacked(self) -> dict[str, nn.Parameter]:
@@ -99,11 +104,14 @@ def clip_per_seed(parameters, max_norm: float) -> torch.Tensor:
     """`torch.nn.utils.clip_grad_norm_` for each seed of stacked gradients: every seed's gradient norm
     (over all its tensors) is clipped to `max_norm` alone. Returns the K norms."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    squares = torch.stack([g.float().pow(2).flatten(1).sum(1) for g in grads]).sum(0)
-    norms = squares.sqrt()
+    # Each seed's slices of every gradient, so that the multi-tensor kernels torch's own clipping uses
+    # (one launch for many tensors) serve here too: a few launches per seed, not several per tensor.
+    per_seed = [[g[k] for g in grads] for k in range(grads[0].shape[0])]
+    norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(views)).float())
+                         for views in per_seed])
     coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(coef.to(g.dtype).view(-1, *([1] * (g.dim() - 1))))
+    for k, views in enumerate(per_seed):
+        torch._foreach_mul_(views, coef[k].to(views[0].dtype))
     return norms
 
 
@@ -221,7 +229,9 @@ def train_stack(job: Job, seeds: list[int], device: str | torch.device = "cpu") 
     predictions: list[dict] = [{} for _ in seeds]
     for split in job.dev_splits:
         data = job.data[split]
-        for i, pred in enumerate(predict_stacked(forward, len(seeds), job, data, multiple, device, precision.autocast)):
+        # Evaluated uncompiled: compiled, every length bucket and the last, smaller batch of each split
+        # would be one more graph to compile (tens of seconds each at base size), for one pass of a dev set.
+        for i, pred in enumerate(predict_stacked(model, len(seeds), job, data, multiple, device, precision.autocast)):
             predictions[i][split] = pred
             metrics[i][split] = compute_metrics(spec.name, pred, data.labels)
     return [{"seed": seed, "stacked_with": list(seeds), "device": training.device_name(device),
