@@ -178,6 +178,36 @@ def test_fp16_on_the_cpu_autocasts_scales_the_loss_and_learns(data, tmp_path, mo
     assert metrics["train_mlm_loss"] < metrics["first_mlm_loss"] - 0.3
 
 
+def test_a_step_casts_each_weight_once_whatever_its_micro_batches(data, tmp_path):
+    """Under bf16 autocast the step's micro-batches share one cast copy of each trained weight: 4
+    micro-batches cast the weights as often as 1 does (a region per micro-batch cast them all again for each)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def weight_casts(micro_batch_size: int) -> int:
+        model = build_model(data)
+        # autocast caches the casts of trained weights only (a frozen one is cast at each use)
+        weights = {p.data_ptr() for p in model.parameters() if p.requires_grad}
+        casts = []
+
+        class CountCasts(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if (func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16
+                        and args[0].data_ptr() in weights):
+                    casts.append(args[0].data_ptr())
+                return func(*args, **kwargs)
+
+        # the final evaluation's 4 windows are one micro-batch either way
+        s = settings(batch_size=16, micro_batch_size=micro_batch_size, eval_windows=4, precision="bf16")
+        with CountCasts():
+            adapt(model, Subset(data[0], np.arange(32)), data[1], make_batch(data, s), s,
+                  tmp_path / f"{micro_batch_size}.pt", stop_after=1)
+        assert len(set(casts)) > 10
+        return len(casts)
+
+    assert weight_casts(4) == weight_casts(16)
+
+
 def test_auto_precision_follows_the_gpu(monkeypatch):
     from xdbert import training
 

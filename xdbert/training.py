@@ -89,6 +89,10 @@ class Precision:
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
 
+    def paused(self):
+        """Full precision inside an autocast region, which keeps the region's cache of cast weights."""
+        return torch.autocast(self.device.type, enabled=False)
+
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss to call backward on."""
         return self.scaler.scale(loss)

@@ -208,19 +208,26 @@ def adapt(
         weight = world / len(ids)
         if not mine:  # fewer micro-batches than processes: a zero-weight pass keeps DDP's gradient sync in step
             mine, weight = [(len(micro) - 1, micro[-1])], 0.0
-        for n_done, (j, m) in enumerate(mine):
-            batch = make_batch(train[np.sort(m)], training.generator(s.seed, step, j))
-            batch = training.to_device(batch, accelerator.device)
-            torch.manual_seed(training.step_seed(s.seed, step, j))  # dropout of micro-batch j, on any process
-            sync = n_done == len(mine) - 1
-            with accelerator.no_sync(model) if not sync else contextlib.nullcontext():
-                with precision.autocast():
+        # One autocast region for the step's micro-batches: its cache keeps each trained weight's cast copy
+        # until the region ends, and the weights change only at the optimizer step. With a region per
+        # micro-batch, every weight was cast again for each one: an H200 step's copy kernels were mostly such
+        # casts (bench/results/h200). Everything after the forward runs at full precision, as it did outside
+        # the region, so the gradients are the same bits.
+        with precision.autocast():
+            for n_done, (j, m) in enumerate(mine):
+                batch = make_batch(train[np.sort(m)], training.generator(s.seed, step, j))
+                batch = training.to_device(batch, accelerator.device)
+                torch.manual_seed(training.step_seed(s.seed, step, j))  # dropout of micro-batch j, on any process
+                sync = n_done == len(mine) - 1
+                with accelerator.no_sync(model) if not sync else contextlib.nullcontext():
                     out = forward(**batch)
-                loss = weighted_loss(out, s.loss_weights) * (len(m) * weight)
-                accelerator.backward(precision.scale(loss))
-            _add(totals, "loss", out["loss"].detach())  # a zero-weight pass's too: its gradient is still summed
-            if weight:
-                _sum_counts(out, totals)
+                    with precision.paused():
+                        loss = weighted_loss(out, s.loss_weights) * (len(m) * weight)
+                        accelerator.backward(precision.scale(loss))
+                with precision.paused():
+                    _add(totals, "loss", out["loss"].detach())  # a zero-weight pass's too: its gradient is summed
+                    if weight:
+                        _sum_counts(out, totals)
         counts = read_counts(totals, s.losses, accelerator.device, accelerator)
         # Checked over every process's passes before the optimizer step: a non-finite loss anywhere stops
         # all of them, and the weights and the last checkpoint stay as they were.
