@@ -6,9 +6,10 @@ The grid gives each worker a fraction of a GPU; this measures what that buys bef
 is involved. For each K, K spawned processes share the one GPU the way K grid workers would: each
 prepares the job (tokenizes), trains a warm-up seed (or stack) for one epoch (CUDA context, compiled
 graphs and kernels per batch shape, the allocator: what a long-lived worker pays once), waits for the
-others, then trains `--seeds` timed seeds of the pipeline's own `train_seed`. Throughput = real (non-padding) training tokens of all timed seeds
-/ wall time from the common start to the last finish; MFU counts 6 x parameters x real tokens
-(the training FLOPs of the encoder, attention excluded) against `--peak` bf16 TFLOP/s.
+others, then trains `--seeds` timed seeds of the pipeline's own `train_seed`. Throughput = real
+(non-padding) training tokens of all timed seeds / wall time from the common start to the last finish;
+MFU counts 6 x parameters x real tokens (the training FLOPs of the encoder, attention excluded) against
+`--peak` bf16 TFLOP/s.
 
 Model: a random BERT (`--size base`: 12 x 768) with a WordPiece vocabulary trained on the task text;
 task: a GLUE stand-in (`--task`; RTE's pairs are about 30 real tokens, GLUE-like), `--train` examples.
