@@ -229,9 +229,11 @@ def train_stack(job: Job, seeds: list[int], device: str | torch.device = "cpu") 
     predictions: list[dict] = [{} for _ in seeds]
     for split in job.dev_splits:
         data = job.data[split]
-        # Evaluated uncompiled: compiled, every length bucket and the last, smaller batch of each split
-        # would be one more graph to compile (tens of seconds each at base size), for one pass of a dev set.
-        for i, pred in enumerate(predict_stacked(model, len(seeds), job, data, multiple, device, precision.autocast)):
+        # Evaluated uncompiled (so padded as an eager run is): compiled, every length bucket and the last,
+        # smaller batch of each split would be one more graph to compile (tens of seconds each at base
+        # size), for one pass of a dev set.
+        for i, pred in enumerate(predict_stacked(model, len(seeds), job, data, pad_multiple(s.max_len, device),
+                                                 device, precision.autocast)):
             predictions[i][split] = pred
             metrics[i][split] = compute_metrics(spec.name, pred, data.labels)
     return [{"seed": seed, "stacked_with": list(seeds), "device": training.device_name(device),
