@@ -69,7 +69,7 @@ def worker(model_dir, tables, settings, seeds, compile_mode, barrier, results, p
         t0 = time.time()
         # The warm-up trains one epoch: an epoch holds every batch shape, so every graph the timed seeds
         # need is compiled, and a stack of 8 does not train 8 whole runs before the timing starts.
-        warm = prepare("encoder", model_dir, tables, dataclasses.replace(settings, epochs=1))
+        warm = dataclasses.replace(job, hyperparameters=dataclasses.replace(job.hyperparameters, epochs=1))
         train_group(warm, tuple(range(1000, 1000 + warm.hyperparameters.stack)), device)  # not timed
         if gpu:
             torch.cuda.synchronize()
@@ -193,7 +193,9 @@ def write(args, n_params: int, rows: list[dict]) -> None:
     done = [r for r in rows if "error" not in r]
     base = done[0]["tokens_per_second"] if done else None
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor()})"
-    mode = "eager" if not args.compile else f"compiled ({args.compile_mode})" if torch.cuda.is_available() else "compiled"
+    mode = "eager"
+    if args.compile:  # the mode is a GPU's: on a CPU the pipeline compiles without CUDA graphs
+        mode = f"compiled ({args.compile_mode})" if torch.cuda.is_available() else "compiled"
     if args.stack > 1:
         mode += f", seeds stacked {args.stack} to a model call"
     result = {"device": device, "torch": torch.__version__, "size": args.size, "parameters": n_params,

@@ -15,9 +15,8 @@
 # 4: two compiled stacks side by side. MORE=1 adds the unstacked path's profile and RUNS (default 8)
 # processes taking turns, then under MPS; TRAINER=1 adds the comparison with the transformers Trainer.
 # Results and the whole log land in bench/results/gpu/, and as one archive in $OUT when $OUT is set,
-# beside the compile cache
-# (compile-cache.tgz: put it in the checkout as .compile-cache.tgz and carry it to skip the next lease's
-# cold compile; bench/gpu_env.sh unpacks it).
+# beside the compile cache (compile-cache.tgz: put it in the checkout as .compile-cache.tgz and carry it
+# to skip the next lease's cold compile; bench/gpu_env.sh unpacks it).
 set -u
 task=${1:-rte} epochs=${2:-3} lr=${3:-5e-5} train=${4:-6000}
 out=bench/results/gpu

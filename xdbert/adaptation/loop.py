@@ -224,10 +224,9 @@ def adapt(
                     with precision.paused():
                         loss = weighted_loss(out, s.loss_weights) * (len(m) * weight)
                         accelerator.backward(precision.scale(loss))
-                with precision.paused():
-                    _add(totals, "loss", out["loss"].detach())  # a zero-weight pass's too: its gradient is summed
-                    if weight:
-                        _sum_counts(out, totals)
+                        _add(totals, "loss", out["loss"].detach())  # a zero-weight pass's too: its gradient is summed
+                        if weight:
+                            _sum_counts(out, totals)
         counts = read_counts(totals, s.losses, accelerator.device, accelerator)
         # Checked over every process's passes before the optimizer step: a non-finite loss anywhere stops
         # all of them, and the weights and the last checkpoint stay as they were.
