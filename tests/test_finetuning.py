@@ -565,7 +565,7 @@ FINETUNE_PARAMS = {
     "epochs": 2, "warmup_ratio": 0.1, "batch_size": 16, "eval_batch_size": 64, "max_len": 32, "weight_decay": 0.01,
     "length_group": 4, "clip_blocks_per_sentence": 2, "dropout": 0.1,
     "seeds": [0, 1], "rte_seeds": [0, 1, 2], "precision": "auto",
-    "compile": False, "stack": 1, "models": ["xdbert"], "ablations": [], "ablation_tasks": [], "ablation_lr": None, "ablation_seeds": None,
+    "compile": False, "cuda_graph": False, "stack": 1, "models": ["xdbert"], "ablations": [], "ablation_tasks": [], "ablation_lr": None, "ablation_seeds": None,
     "full_models": [], "clip_tasks": [],
 }
 

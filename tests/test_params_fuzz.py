@@ -279,7 +279,7 @@ SCHEMA: dict[str, Spec] = {
     "finetune.max_len": spec(st.integers(1, 512), wrong("int"), st.one_of(NOT_POSITIVE_INT, st.integers(513, 10**5))),
     **{f"finetune.{k}": fraction() for k in ("warmup_ratio", "weight_decay", "dropout")},
     "finetune.length_group": pos_int(1000), "finetune.clip_blocks_per_sentence": pos_int(16),
-    "finetune.precision": choice("auto", "bf16", "fp16", "no"), "finetune.compile": FLAG, "finetune.stack": pos_int(64),
+    "finetune.precision": choice("auto", "bf16", "fp16", "no"), "finetune.compile": FLAG, "finetune.cuda_graph": FLAG, "finetune.stack": pos_int(64),
 
     "aggregate.n_boot": pos_int(), "aggregate.seed": non_negative(),
     "hub.revisions": spec(st.dictionaries(NAME, WORD, max_size=2), wrong("dict"),

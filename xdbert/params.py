@@ -41,7 +41,7 @@ KEYS = {
     "finetune": ("lr", "models", "ablations", "ablation_tasks", "ablation_lr", "ablation_seeds", "full_models",
                  "clip_tasks", "seeds", "rte_seeds", "epochs", "warmup_ratio", "batch_size", "eval_batch_size",
                  "max_len", "weight_decay", "length_group", "clip_blocks_per_sentence", "dropout",
-                 "precision", "compile", "stack"),
+                 "precision", "compile", "cuda_graph", "stack"),
     "aggregate": ("n_boot", "seed"),
 }
 

@@ -20,6 +20,7 @@ from xdbert.data.tasks.metrics import compute_metrics
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
 from xdbert.finetuning import data as fd
+from xdbert.finetuning import graphed
 from xdbert.finetuning.job import Job, build_model
 from xdbert.finetuning.rates import parameter_groups
 
@@ -43,14 +44,18 @@ def pad_multiple(max_len: int, device: torch.device) -> int:
 
 # How a GPU compiles the model (`finetune.compile`): a step of a base model on short batches is bound by
 # the CPU launching ~1,200 small kernels. Compiling fuses most of them, and CUDA graphs (`reduce-overhead`)
-# replay each batch shape's kernels with one launch (bench/finetune_share.py measures both).
+# replay the forward's and the backward's kernels of each batch shape with one launch each
+# (bench/finetune_share.py measures both). A step recorded whole (`finetune.cuda_graph`, xdbert.finetuning
+# .graphed) holds the compiled kernels in its own graph instead.
 CUDA_COMPILE_MODE = "reduce-overhead"
 
 
-def compiled(model: nn.Module, device: torch.device) -> nn.Module:
+def compiled(model: nn.Module, device: torch.device, recorded: bool = False) -> nn.Module:
     """The model compiled for `device`. One graph serves every batch length (dynamic), so length-grouped
-    batches do not recompile; CUDA graphs are recorded once per batch shape."""
-    return torch.compile(model, dynamic=True, mode=CUDA_COMPILE_MODE if device.type == "cuda" else None)
+    batches do not recompile; CUDA graphs are recorded once per batch shape, by torch.compile unless the
+    whole step is `recorded`."""
+    mode = CUDA_COMPILE_MODE if device.type == "cuda" and not recorded else None
+    return torch.compile(model, dynamic=True, mode=mode)
 
 
 def epoch_loss(losses: list[torch.Tensor], step: int, where: str) -> float:
@@ -110,8 +115,19 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
     precision = training.Precision(s.precision, device)
     compiling = training.compiles(s.compile, device)
-    forward = compiled(model, device) if compiling else model
+    recorded = graphed.records(s.cuda_graph, device, precision.name)
+    forward = compiled(model, device, recorded) if compiling else model
 
+    def train_step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with precision.autocast():
+            scores = forward(batch)
+        loss = task_loss(spec, scores, batch["labels"])
+        precision.scale(loss).backward()
+        precision.step(optimizer, model.parameters(), s.max_grad_norm)
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    run_step = graphed.GraphedStep(train_step, optimizer, recorded)
     where = f"finetune {job.model_kind} {Path(job.model_path).name} {spec.name} seed {seed}"
     multiple = pad_multiple(s.max_len, device)
     epoch_losses, step = [], 0
@@ -121,16 +137,10 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
         for rows in fd.length_grouped_batches(lengths, s.batch_size, seed, epoch, s.length_group):
             batch = training.to_device(fd.collate(train, rows, multiple), device)
             torch.manual_seed(training.step_seed(seed, -2, step))  # dropout of this step
-            if compiling:
+            if compiling and not recorded:
                 torch.compiler.cudagraph_mark_step_begin()
-            with precision.autocast():
-                scores = forward(batch)
-            loss = task_loss(spec, scores, batch["labels"])
-            precision.scale(loss).backward()
-            precision.step(optimizer, model.parameters(), s.max_grad_norm)
+            losses.append(run_step(batch))
             schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
             step += 1
         epoch_losses.append(epoch_loss(losses, step, where))
 

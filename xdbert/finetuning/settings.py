@@ -60,6 +60,7 @@ class Hyperparameters:
     dropout: float                  # before the new head of the clip and full kinds
     precision: str                  # auto | bf16 | fp16 | no (xdbert.training.mixed_precision)
     compile: bool | str             # torch.compile the model (lengths dynamic): true, false, auto (on a GPU)
+    cuda_graph: bool                # record each step whole as a CUDA graph (on a GPU; xdbert.finetuning.graphed)
     stack: int                      # seeds trained as one stacked model (xdbert.finetuning.stacked); 1 = each alone
 
 
@@ -96,6 +97,7 @@ class FinetuneSettings:
     dropout: float
     precision: str
     compile: bool | str
+    cuda_graph: bool
     stack: int
     lr: dict                        # task -> {base, large[, full]: rate}: Table 5, per task
     seeds: list[int]                # this task's seeds (`seeds`, or `rte_seeds` for RTE)
@@ -113,6 +115,7 @@ class FinetuneSettings:
             s[key] = params.fraction(params.get(f, key, "finetune"), f"finetune.{key}")
         s["precision"] = params.choice(params.get(f, "precision", "finetune"), "finetune.precision", params.PRECISIONS)
         s["compile"] = params.compile_setting(params.get(f, "compile", "finetune"), "finetune.compile")
+        s["cuda_graph"] = params.flag(params.get(f, "cuda_graph", "finetune"), "finetune.cuda_graph")
         lr = params.get(f, "lr", "finetune")
         if not isinstance(lr, dict):
             raise PipelineError(f"`finetune.lr` must map tasks to their rates, e.g. {{rte: {{base: 1.0e-4, large: 5.0e-5}}}}; got {lr!r}")

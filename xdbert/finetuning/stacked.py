@@ -35,6 +35,7 @@ from xdbert import training
 from xdbert.data.tasks.metrics import compute_metrics
 from xdbert.errors import PipelineError
 from xdbert.finetuning import data as fd
+from xdbert.finetuning import graphed
 from xdbert.finetuning.job import Job, build_model
 from xdbert.finetuning.loop import compiled, epoch_loss, pad_multiple, task_loss, train_seed
 from xdbert.finetuning.rates import parameter_groups
@@ -187,7 +188,24 @@ def train_stack(job: Job, seeds: list[int], device: str | torch.device = "cpu") 
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
     precision = training.Precision(s.precision, device)
     compiling = training.compiles(s.compile, device)
-    forward = compiled(model, device) if compiling else model
+    recorded = graphed.records(s.cuda_graph, device, precision.name)
+    forward = compiled(model, device, recorded) if compiling else model
+
+    def train_step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One step of every seed; their K losses. `weights` (K, B) is 1 / rows on a seed's real rows and 0 on
+        its padding rows, so each seed's loss is the mean over its real rows, in one set of kernels for the
+        whole stack. The sum's gradient is each seed's own."""
+        inputs = {name: t for name, t in batch.items() if name not in ("labels", "weights")}
+        with precision.autocast():
+            scores = forward(inputs)
+        rows_loss = task_loss(spec, scores.flatten(0, 1), batch["labels"].flatten(0, 1), reduction="none")
+        loss = (rows_loss.view(batch["weights"].shape) * batch["weights"]).sum(1)
+        precision.scale(loss.sum()).backward()
+        precision.step(optimizer, model.parameters(), s.max_grad_norm, clip=clip_per_seed)
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    run_step = graphed.GraphedStep(train_step, optimizer, recorded)
 
     where = f"finetune {job.model_kind} {Path(job.model_path).name} {spec.name} seeds {seeds} (stacked)"
     multiple, size = pad_multiple(s.max_len, device), 0
@@ -203,21 +221,11 @@ def train_stack(job: Job, seeds: list[int], device: str | torch.device = "cpu") 
             width = arrays["labels"].shape[1]
             arrays["weights"] = np.array([[1.0 / n] * n + [0.0] * (width - n) for n in sizes], dtype=np.float32)
             batch = training.to_device(arrays, device)
-            labels, weights = batch.pop("labels"), batch.pop("weights")
             torch.manual_seed(training.step_seed(seeds, -2, step))  # the stack's dropout of this step
-            if compiling:
+            if compiling and not recorded:
                 torch.compiler.cudagraph_mark_step_begin()
-            with precision.autocast():
-                scores = forward(batch)
-            # each seed's loss: the mean over its real rows (`weights`: 1 / rows, 0 on padding rows); one
-            # set of kernels for the whole stack. The sum's gradient is each seed's own.
-            rows_loss = task_loss(spec, scores.flatten(0, 1), labels.flatten(0, 1), reduction="none")
-            loss = (rows_loss.view(weights.shape) * weights).sum(1)
-            precision.scale(loss.sum()).backward()
-            precision.step(optimizer, model.parameters(), s.max_grad_norm, clip=clip_per_seed)
+            losses.append(run_step(batch))
             schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
             step += 1
         per_seed = torch.stack(losses).unbind(1)
         epoch_losses.append([epoch_loss(list(x.unbind()), step, f"{where}, seed {seed}")
