@@ -14,12 +14,13 @@ MFU counts 6 x parameters x real tokens (the training FLOPs of the encoder, atte
 Model: a random BERT (`--size base`: 12 x 768) with a WordPiece vocabulary trained on the task text;
 task: a GLUE stand-in (`--task`; RTE's pairs are about 30 real tokens, GLUE-like), `--train` examples.
 `--compile` compiles every run as `finetune.compile` does (on a GPU with CUDA graphs); `--compile-mode
-default` compiles without them, for comparison. `--stack K` trains each process's seeds K at a time as one
+default` compiles without them, for comparison. `--cuda-graph` records each whole step as one CUDA graph
+(`finetune.cuda_graph`, xdbert.finetuning.graphed; compiled runs then compile without torch's). `--stack K` trains each process's seeds K at a time as one
 stacked model (`finetune.stack`, xdbert.finetuning.stacked): one call computes K runs, so `--runs 1
 --stack 8 --seeds 8` puts 8 runs on the GPU in one process, against `--runs 8` in 8 processes.
 
     python bench/finetune_share.py [--size base] [--task rte] [--runs 1,2,4,8] [--seeds 2] [--train 4000]
-                                   [--compile [--compile-mode reduce-overhead|default]] [--stack K]
+                                   [--compile [--compile-mode reduce-overhead|default]] [--cuda-graph] [--stack K]
                                    [--profile] [--sync-debug]
 
 Writes bench/results/finetune_share.md and .json (or under --out).
@@ -149,6 +150,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--compile", action="store_true", help="finetune.compile in every run")
+    ap.add_argument("--cuda-graph", action="store_true", help="finetune.cuda_graph in every run: each step one CUDA graph")
     ap.add_argument("--stack", type=int, default=1, help="seeds trained as one stacked model (finetune.stack)")
     ap.add_argument("--compile-mode", choices=("reduce-overhead", "default"), default=loop.CUDA_COMPILE_MODE,
                     help="torch.compile's mode on a GPU (reduce-overhead: CUDA graphs, what the pipeline uses)")
@@ -164,7 +166,7 @@ def main() -> None:
     tables = generate_task(args.task, args.train, 400, seed=0)
     settings = finetune_settings(spec, args.lr, epochs=args.epochs, batch_size=args.batch_size, max_len=128,
                                  warmup_ratio=0.1, weight_decay=0.01, precision="auto", compile=args.compile,
-                                 length_group=50, stack=args.stack)
+                                 cuda_graph=args.cuda_graph, length_group=50, stack=args.stack)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "bert"
@@ -193,14 +195,17 @@ def write(args, n_params: int, rows: list[dict]) -> None:
     done = [r for r in rows if "error" not in r]
     base = done[0]["tokens_per_second"] if done else None
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor()})"
+    gpu = torch.cuda.is_available()
     mode = "eager"
     if args.compile:  # the mode is a GPU's: on a CPU the pipeline compiles without CUDA graphs
-        mode = f"compiled ({args.compile_mode})" if torch.cuda.is_available() else "compiled"
+        mode = "compiled" if not gpu else "compiled (default)" if args.cuda_graph else f"compiled ({args.compile_mode})"
+    if args.cuda_graph and gpu:
+        mode += ", each step recorded as one CUDA graph"
     if args.stack > 1:
         mode += f", seeds stacked {args.stack} to a model call"
     result = {"device": device, "torch": torch.__version__, "size": args.size, "parameters": n_params,
               "task": args.task, "train_examples": args.train, "epochs": args.epochs, "lr": args.lr,
-              "batch_size": args.batch_size, "compile": args.compile and args.compile_mode, "stack": args.stack,
+              "batch_size": args.batch_size, "compile": args.compile and args.compile_mode, "cuda_graph": args.cuda_graph, "stack": args.stack,
               "timed_seeds_per_process": args.seeds, "rows": rows,
               "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     args.out.mkdir(parents=True, exist_ok=True)

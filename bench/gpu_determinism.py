@@ -5,6 +5,9 @@ The CPU path gives the same bytes on every x86-64 machine (xdbert/numerics.py); 
 trains the pipeline's `train_seed` twice with the default settings and twice with
 `torch.use_deterministic_algorithms(True)` (and CUBLAS_WORKSPACE_CONFIG, which cuBLAS needs for it), and
 reports whether the losses and the dev predictions were bit-equal, and what the mode costs in time.
+Then it trains the seed eagerly and with each step recorded as one CUDA graph (`finetune.cuda_graph`):
+the same step replayed, its dropout reseeded each step, should train as the eager one does (AdamW's
+rates are fp32 tensors there, so the last bits may differ).
 
     python bench/gpu_determinism.py [--size base] [--train 2000]
 
@@ -13,6 +16,7 @@ Writes bench/results/gpu_determinism.md and .json (or under --out).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -35,8 +39,9 @@ from xdbert.finetuning.loop import train_seed  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def twice(job, device: str) -> dict:
-    a, b = (train_seed(job, 0, device) for _ in range(2))
+def twice(job, device: str, other=None) -> dict:
+    """Seed 0 trained with `job` and again with `other` (default: the same job)."""
+    a, b = train_seed(job, 0, device), train_seed(other or job, 0, device)
     split = job.dev_splits[0]
     return {"losses_equal": (a["first_epoch_loss"], a["last_epoch_loss"]) == (b["first_epoch_loss"], b["last_epoch_loss"]),
             "loss_difference": abs(a["last_epoch_loss"] - b["last_epoch_loss"]),
@@ -61,6 +66,8 @@ def main() -> None:
         train_seed(job, 1, device)  # warm-up: kernels and batch shapes
         result = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "CPU", "torch": torch.__version__,
                   "size": args.size, "default": twice(job, device)}
+        graphed = dataclasses.replace(job, hyperparameters=dataclasses.replace(job.hyperparameters, cuda_graph=True))
+        result["eager vs recorded"] = twice(job, device, graphed)
         torch.use_deterministic_algorithms(True)
         result["deterministic"] = twice(job, device)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -69,7 +76,7 @@ def main() -> None:
              f"Random BERT {args.size}, RTE stand-in ({args.train} examples), 2 epochs, bf16 autocast, torch {torch.__version__}.", "",
              "| mode | losses bit-equal | last-loss difference | dev predictions equal | train s (run 1, run 2) |",
              "| --- | --- | --- | --- | --- |"]
-    for mode in ("default", "deterministic"):
+    for mode in ("default", "eager vs recorded", "deterministic"):
         r = result[mode]
         lines.append(f"| {mode} | {r['losses_equal']} | {r['loss_difference']:.2e} | {r['predictions_equal']} | "
                      f"{r['train_seconds'][0]:.2f}, {r['train_seconds'][1]:.2f} |")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease of the device machine (one GPU, torch and transformers there; ruamel.yaml carried as a wheel
 # in .whl/): the finetuning speed measurements of bench/results/<gpu>/, most important first, each under
-# its own time limit so one that hangs leaves the rest their time (about 540 s in all). Every step uses
+# its own time limit so one that hangs leaves the rest their time. Every timed step uses
 # the same task and sizes, so the compile cache the first one fills serves the rest; a fresh machine's
 # first compiled run needs over 120 s on its own. Each run process logs when it has prepared, warmed up
 # and finished, so a step stopped by its limit still says how far it got.
@@ -11,9 +11,13 @@
 # SST-2 stand-in's 12 understate a step's work). A tiny random BERT learns them on the CPU (dev accuracy
 # 0.752, chance 0.5: finetune_share.py --size tiny --task rte --train 3000 --epochs 3 --lr 1e-3);
 # BERT-base is untried on them. `sst2 2 5e-5 6000` is the earlier leases' set, which BERT-base learns (0.955).
-# Steps (STEPS="1 2 3" by default): one run; 8 seeds stacked into one model, eager; the same compiled;
-# 4: two compiled stacks side by side. MORE=1 adds the unstacked path's profile and RUNS (default 8)
-# processes taking turns, then under MPS; TRAINER=1 adds the comparison with the transformers Trainer.
+# Steps (STEPS="1 2 3 5" by default, about 450 s): 1 checks that a step recorded as one CUDA graph
+# (finetune.cuda_graph) trains as the eager step does; 2 one compiled run recorded so; 3 eight seeds
+# stacked into one model, eager kernels, recorded so; 5 the same stack unrecorded (3's reference). A
+# second call on the warm machine: STEPS="4 7" (4: one run with torch.compile's own CUDA graphs, the
+# pipeline's default and 2's reference; 7: two processes of step 3, 16 runs), or STEPS=6 (the stack
+# compiled and recorded). MORE=1 adds the unstacked path's profile and RUNS (default 8) processes taking
+# turns, then under MPS; TRAINER=1 adds the comparison with the transformers Trainer.
 # Results and the whole log land in bench/results/gpu/, and as one archive in $OUT when $OUT is set,
 # beside the compile cache (compile-cache.tgz: put it in the checkout as .compile-cache.tgz and carry it
 # to skip the next lease's cold compile; bench/gpu_env.sh unpacks it).
@@ -23,27 +27,34 @@ out=bench/results/gpu
 source bench/gpu_env.sh
 common=(--task "$task" --epochs "$epochs" --lr "$lr" --train "$train" --seeds 1 --out "$out")
 pack() { [ -n "${OUT:-}" ] && tar -czf "$OUT/gpu_finetune.tgz" -C "$out" .; }
-share() {  # limit, then finetune_share.py's arguments
+timed() {  # limit, then a python script and its arguments: one step, logged, its results packed
     local limit=$1; shift
-    timeout "$limit" python3 bench/finetune_share.py "${common[@]}" "$@" >>"$out/log.txt" 2>&1
+    timeout "$limit" python3 "$@" >>"$out/log.txt" 2>&1
     local status=$?
-    echo "finetune_share.py $* (limit $limit s): exit $status" | tee -a "$out/log.txt"
+    echo "$* (limit $limit s): exit $status" | tee -a "$out/log.txt"
     pack
     return $status
 }
-want() { [[ " ${STEPS:-1 2 3} " == *" $1 "* ]]; }  # STEPS: which numbered steps to run
-# 1. one run with CUDA graphs (what finetune.compile does on a GPU): the reference for the rest
-want 1 && share 150 --compile --runs 1 --name share_1
-# 2. 8 seeds stacked into one model (finetune.stack 8) in one process, eagerly: each kernel computes 8
-#    runs, where runs taking turns saturated at about 4 (bench/results/h200). Nothing to compile: quick
-want 2 && share 100 --runs 1 --stack 8 --seeds 8 --name share_stack8_eager
-# 3. the same stack compiled with CUDA graphs. Its own graphs, one per 32-token length bucket (2 or 3
-#    here), compiled cold during the warm-up epoch: the longest limit. The log times each recompile, so a
-#    step stopped by its limit still shows where the time went
-want 3 && TORCH_LOGS=recompiles share 270 --compile --runs 1 --stack 8 --seeds 8 --name share_stack8
-# 4. two processes of 8 compiled stacked seeds each, 16 runs on the GPU (step 3's graphs, from the cache):
-#    STEPS=4 in a second call on the warm machine, past the first call's 600 s
-want 4 && TORCHINDUCTOR_COMPILE_THREADS=1 share 120 --compile --runs 2 --stack 8 --seeds 8 --name share_stack8_runs2
+share() { local limit=$1; shift; timed "$limit" bench/finetune_share.py "${common[@]}" "$@"; }
+want() { [[ " ${STEPS:-1 2 3 5} " == *" $1 "* ]]; }  # STEPS: which numbered steps to run
+# 1. one seed eagerly and with each step recorded as one CUDA graph, on the same seed: the losses and dev
+#    predictions should agree (and the seed trained twice, by default and in deterministic mode)
+want 1 && timed 90 bench/gpu_determinism.py --size base --train 2000 --out "$out"
+# 2. one compiled run, each step one CUDA graph holding the compiled kernels: no host work between them
+want 2 && share 150 --compile --cuda-graph --runs 1 --name share_graph_1
+# 3. 8 seeds stacked into one model (each kernel computes 8 runs), each step one CUDA graph: nothing to
+#    compile, and a step of 8 runs is one launch
+want 3 && share 100 --cuda-graph --runs 1 --stack 8 --seeds 8 --name share_stack8_graph
+# 4. one run compiled with torch.compile's own CUDA graphs (forward and backward): what finetune.compile
+#    does on a GPU by default, and the previous leases' reference
+want 4 && share 150 --compile --runs 1 --name share_1
+# 5. step 3's stack unrecorded: eager, each kernel launched by the host
+want 5 && share 100 --runs 1 --stack 8 --seeds 8 --name share_stack8_eager
+# 6. step 3's stack compiled (a graph per 32-token length bucket, compiled cold: the longest limit), then
+#    recorded; each recompile logged
+want 6 && TORCH_LOGS=recompiles share 270 --compile --cuda-graph --runs 1 --stack 8 --seeds 8 --name share_stack8_graph_compiled
+# 7. two processes of step 3's stack, 16 runs on the GPU
+want 7 && share 120 --cuda-graph --runs 2 --stack 8 --seeds 8 --name share_stack8_graph_runs2
 # MORE=1: the unstacked path's diagnosis, for a lease with time to spare
 if [ -n "${MORE:-}" ]; then
     # where a step goes: kernels by GPU time, host calls by CPU time, each operation that makes the host

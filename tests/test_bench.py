@@ -19,7 +19,7 @@ def run_without_absent(code: str) -> subprocess.CompletedProcess:
 
 
 def test_the_gpu_benchmarks_import_without_ray_dvc_or_datasets():
-    done = run_without_absent("import adapt_stage_speed, finetune_share, finetune_speed")
+    done = run_without_absent("import adapt_stage_speed, finetune_share, finetune_speed, gpu_determinism")
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -59,12 +59,25 @@ def test_finetune_share_reports_both_rates_and_a_profile(tmp_path):
 
 
 def test_finetune_share_trains_stacked_seeds_in_one_process(tmp_path):
-    """`--stack 2`: one process trains its 2 timed seeds as one stacked model; both are counted."""
+    """`--stack 2`: one process trains its 2 timed seeds as one stacked model; both are counted. With
+    `--cuda-graph` (on the CPU: the same steps, unrecorded)."""
     argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--task", "sst2", "--runs", "1", "--seeds", "2",
-            "--stack", "2", "--train", "64", "--epochs", "1", "--name", "stacked", "--out", str(tmp_path)]
+            "--stack", "2", "--cuda-graph", "--train", "64", "--epochs", "1", "--name", "stacked", "--out", str(tmp_path)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "stacked.json").read_text())
     (row,) = result["rows"]
-    assert result["stack"] == 2 and len(row["dev_accuracy"]) == 2 and row["loop_tokens_per_second"] > 0
+    assert result["stack"] == 2 and result["cuda_graph"] and len(row["dev_accuracy"]) == 2 and row["loop_tokens_per_second"] > 0
     assert "| 1 x 2 stacked |" in (tmp_path / "stacked.md").read_text()
+
+
+def test_gpu_determinism_compares_a_recorded_seed_with_an_eager_one(tmp_path):
+    """Step 1 of gpu_finetune.sh at a tiny size on the CPU, where nothing is recorded: every comparison,
+    eager against recorded included, trains the same bytes."""
+    argv = [sys.executable, "bench/gpu_determinism.py", "--size", "tiny", "--train", "128", "--out", str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "gpu_determinism.json").read_text())
+    for mode in ("default", "eager vs recorded", "deterministic"):
+        assert result[mode]["losses_equal"] and result[mode]["predictions_equal"], (mode, result[mode])
+    assert "| eager vs recorded | True |" in (tmp_path / "gpu_determinism.md").read_text()

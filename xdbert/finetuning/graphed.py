@@ -19,12 +19,16 @@ What makes replaying a recorded step the step itself:
 - A replay draws dropout from the generator's seed and offset at launch, so seeding each step
   (`torch.manual_seed`) seeds the replayed step as it seeds an eager one.
 - fp16's loss scaling decides on the host whether to skip a step, so fp16 steps are never recorded.
+- transformers applies every attention mask in both the eager first run and the recording: it skips the
+  host read that may drop a mask while recording, and would otherwise run other kernels there.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+
+from xdbert.finetuning.heads import mask_always_applied
 
 Batch = dict[str, torch.Tensor]
 
@@ -63,8 +67,9 @@ class GraphedStep:
             return self.step(batch)
         key = tuple((name, tuple(t.shape)) for name, t in batch.items())
         if key not in self.graphs:
-            loss = self._on_side_stream(lambda: self.step(batch))
-            self.graphs[key] = self._recorded(batch)
+            with mask_always_applied():
+                loss = self._on_side_stream(lambda: self.step(batch))
+                self.graphs[key] = self._recorded(batch)
             return loss
         graph, inputs, loss = self.graphs[key]
         for name, t in batch.items():

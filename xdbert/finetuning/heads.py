@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -21,6 +22,20 @@ from torch import nn
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
 from xdbert.hub import quiet_loading
+
+
+def mask_always_applied():
+    """A context in which transformers applies every batch's attention mask (the same scores). Eagerly it
+    drops a mask that holds no padding, after reading its values on the host, which a vmapped call cannot
+    (`stacked`). While a step is recorded as a CUDA graph it skips that read and applies the mask, so the
+    step's eager first run would take other attention kernels than its recording (`graphed`)."""
+    from transformers import masking_utils
+
+    return mock.patch.object(masking_utils, "_ignore_bidirectional_mask_sdpa", _never_ignored)
+
+
+def _never_ignored(*args, **kwargs) -> bool:  # one object: torch.compile may guard on the function's identity
+    return False
 
 
 def outputs_of(spec: TaskSpec) -> int:

@@ -24,7 +24,6 @@ import copy
 import math
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
@@ -36,6 +35,7 @@ from xdbert.data.tasks.metrics import compute_metrics
 from xdbert.errors import PipelineError
 from xdbert.finetuning import data as fd
 from xdbert.finetuning import graphed
+from xdbert.finetuning.heads import mask_always_applied
 from xdbert.finetuning.job import Job, build_model
 from xdbert.finetuning.loop import compiled, epoch_loss, pad_multiple, task_loss, train_seed
 from xdbert.finetuning.rates import parameter_groups
@@ -86,8 +86,6 @@ class StackedModel(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor], shared: bool = False) -> torch.Tensor:
         """Scores of each seed's model on its own batch (tensors (K, B, ...)), or with `shared` on one
         batch for all (tensors (B, ...), as in evaluation)."""
-        from transformers import masking_utils
-
         params = self.named_stacked()
         buffers = {n: getattr(self, f"buffer_{i}") for i, n in enumerate(self.buffer_names)}
 
@@ -97,7 +95,7 @@ class StackedModel(nn.Module):
         call = vmap(one, in_dims=(0, 0, None if shared else 0), randomness="different")
         if torch.compiler.is_compiling():  # transformers skips the check itself while compiling
             return call(params, buffers, batch)
-        with mock.patch.object(masking_utils, "_ignore_bidirectional_mask_sdpa", lambda *args, **kwargs: False):
+        with mask_always_applied():
             return call(params, buffers, batch)
 
 
