@@ -35,6 +35,15 @@ def test_a_cpu_run_ignores_cuda_graph(bert_dir, group):
     assert graphed.records(True, "cuda", "bf16") and not graphed.records(False, "cuda", "bf16")
 
 
+def test_only_encoders_are_recorded():
+    """The clip and full kinds read the CLIP tower's used blocks and length on the host, which a recording
+    cannot: their runs say `cuda_graph: false` whatever the section says."""
+    s = settings(get_task("sst2"), cuda_graph=True)
+    assert s.hyperparameters("base", "encoder").cuda_graph is True
+    assert s.hyperparameters("base", "clip").cuda_graph is False and s.hyperparameters("base", "full").cuda_graph is False
+    assert settings(get_task("sst2")).hyperparameters("base", "encoder").cuda_graph is False
+
+
 def train_small(tensor_rates: bool, steps: int = 30) -> tuple[list[torch.Tensor], list[float]]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 1))
