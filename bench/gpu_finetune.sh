@@ -11,7 +11,7 @@
 # SST-2 stand-in's 12 understate a step's work). A tiny random BERT learns them on the CPU (dev accuracy
 # 0.752, chance 0.5: finetune_share.py --size tiny --task rte --train 3000 --epochs 3 --lr 1e-3);
 # BERT-base is untried on them. `sst2 2 5e-5 6000` is the earlier leases' set, which BERT-base learns (0.955).
-# Steps (STEPS="1 2 3 5" by default, about 450 s): 1 checks that a step recorded as one CUDA graph
+# Steps (STEPS="1 2 3 5" by default, about 470 s): 1 checks that a step recorded as one CUDA graph
 # (finetune.cuda_graph) trains as the eager step does; 2 one compiled run recorded so; 3 eight seeds
 # stacked into one model, eager kernels, recorded so; 5 the same stack unrecorded (3's reference). A
 # second call on the warm machine: STEPS="4 7" (4: one run with torch.compile's own CUDA graphs, the
@@ -39,12 +39,18 @@ share() { local limit=$1; shift; timed "$limit" bench/finetune_share.py "${commo
 want() { [[ " ${STEPS:-1 2 3 5} " == *" $1 "* ]]; }  # STEPS: which numbered steps to run
 # 1. one seed eagerly and with each step recorded as one CUDA graph, on the same seed: the losses and dev
 #    predictions should agree (and the seed trained twice, by default and in deterministic mode)
-want 1 && timed 90 bench/gpu_determinism.py --size base --train 2000 --out "$out"
+#    If it fails, the recorded steps (2, 3) are skipped and step 4 runs instead: the lease's time goes to
+#    what can still be measured, and the log says why the recording failed
+recorded=1
+if want 1 && ! timed 120 bench/gpu_determinism.py --size base --train 2000 --out "$out"; then
+    recorded= STEPS="${STEPS:-1 2 3 5} 4"
+    echo "step 1 failed: steps 2 and 3 skipped, step 4 added" | tee -a "$out/log.txt"
+fi
 # 2. one compiled run, each step one CUDA graph holding the compiled kernels: no host work between them
-want 2 && share 150 --compile --cuda-graph --runs 1 --name share_graph_1
+[ -n "$recorded" ] && want 2 && share 150 --compile --cuda-graph --runs 1 --name share_graph_1
 # 3. 8 seeds stacked into one model (each kernel computes 8 runs), each step one CUDA graph: nothing to
 #    compile, and a step of 8 runs is one launch
-want 3 && share 100 --cuda-graph --runs 1 --stack 8 --seeds 8 --name share_stack8_graph
+[ -n "$recorded" ] && want 3 && share 100 --cuda-graph --runs 1 --stack 8 --seeds 8 --name share_stack8_graph
 # 4. one run compiled with torch.compile's own CUDA graphs (forward and backward): what finetune.compile
 #    does on a GPU by default, and the previous leases' reference
 want 4 && share 150 --compile --runs 1 --name share_1
