@@ -15,9 +15,10 @@ Model: a random BERT (`--size base`: 12 x 768) with a WordPiece vocabulary train
 task: a GLUE stand-in (`--task`; RTE's pairs are about 30 real tokens, GLUE-like), `--train` examples.
 `--compile` compiles every run as `finetune.compile` does (on a GPU with CUDA graphs); `--compile-mode
 default` compiles without them, for comparison. `--cuda-graph` records each whole step as one CUDA graph
-(`finetune.cuda_graph`, xdbert.finetuning.graphed; compiled runs then compile without torch's). `--stack K` trains each process's seeds K at a time as one
-stacked model (`finetune.stack`, xdbert.finetuning.stacked): one call computes K runs, so `--runs 1
---stack 8 --seeds 8` puts 8 runs on the GPU in one process, against `--runs 8` in 8 processes.
+(`finetune.cuda_graph`, xdbert.finetuning.graphed; compiled runs then compile without torch's).
+`--stack K` trains each process's seeds K at a time as one stacked model (`finetune.stack`,
+xdbert.finetuning.stacked): one call computes K runs, so `--runs 1 --stack 8 --seeds 8` puts 8 runs on
+the GPU in one process, against `--runs 8` in 8 processes.
 
     python bench/finetune_share.py [--size base] [--task rte] [--runs 1,2,4,8] [--seeds 2] [--train 4000]
                                    [--compile [--compile-mode reduce-overhead|default]] [--cuda-graph] [--stack K]
@@ -205,7 +206,8 @@ def write(args, n_params: int, rows: list[dict]) -> None:
         mode += f", seeds stacked {args.stack} to a model call"
     result = {"device": device, "torch": torch.__version__, "size": args.size, "parameters": n_params,
               "task": args.task, "train_examples": args.train, "epochs": args.epochs, "lr": args.lr,
-              "batch_size": args.batch_size, "compile": args.compile and args.compile_mode, "cuda_graph": args.cuda_graph, "stack": args.stack,
+              "batch_size": args.batch_size, "compile": args.compile and args.compile_mode,
+              "cuda_graph": args.cuda_graph, "stack": args.stack,
               "timed_seeds_per_process": args.seeds, "rows": rows,
               "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -100,7 +100,7 @@ def test_replayed_steps_train_as_eager_ones(bert_dir, monkeypatch, group):
     monkeypatch.setattr(graphed, "records", lambda setting, device, precision: setting)
     monkeypatch.setattr(graphed.torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(graphed.torch.cuda, "Stream", lambda: None)
-    monkeypatch.setattr(graphed.GraphedStep, "_on_side_stream", lambda self, fn: fn())
+    monkeypatch.setattr(graphed.GraphedStep, "_eager_step", lambda self, batch: self.step(batch))
     monkeypatch.setattr(graphed.GraphedStep, "_recorded", recorded)
     spec = get_task("sst2")
     s = settings(spec, epochs=3, stack=len(group))

@@ -68,7 +68,7 @@ class GraphedStep:
         key = tuple((name, tuple(t.shape)) for name, t in batch.items())
         if key not in self.graphs:
             with mask_always_applied():
-                loss = self._on_side_stream(lambda: self.step(batch))
+                loss = self._eager_step(batch)
                 self.graphs[key] = self._recorded(batch)
             return loss
         graph, inputs, loss = self.graphs[key]
@@ -77,13 +77,14 @@ class GraphedStep:
         graph.replay()
         return loss.clone()  # the graph's loss tensor is overwritten by its next replay
 
-    def _on_side_stream(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def _eager_step(self, batch: Batch) -> torch.Tensor:
+        """The step itself, on the recording's stream."""
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
-            out = fn()
+            loss = self.step(batch)
         torch.cuda.current_stream().wait_stream(self.stream)
-        out.record_stream(torch.cuda.current_stream())  # read there later: not to be reused before
-        return out
+        loss.record_stream(torch.cuda.current_stream())  # read there later: not to be reused before
+        return loss
 
     def _recorded(self, batch: Batch) -> tuple[torch.cuda.CUDAGraph, Batch, torch.Tensor]:
         inputs = {name: t.clone() for name, t in batch.items()}  # outside the pool: they outlive every replay
