@@ -9,12 +9,13 @@ import torch
 from transformers import AutoConfig, AutoModel, BertForMaskedLM
 
 from xdbert.clip import clip_block_mask
+from xdbert.adaptation.masking import adaptation_inputs
 from xdbert.errors import PipelineError
 from xdbert.model import clip_tower
 from xdbert.model.clip_tower import CLIPTextTower, clip_uses_quick_gelu
 from xdbert.model.encoders import build_language_encoder
 from xdbert.model.layers import CrossModalLayer, MaskedTokenHead
-from xdbert.model.modeling import XDBertConfig, XDBertModel, count_parameters
+from xdbert.model.modeling import XDBertConfig, XDBertModel, count_parameters, locate
 from xdbert.model.saving import load_full, save_adapted, save_full
 
 SOT, EOT = 49406, 49407
@@ -325,6 +326,76 @@ def test_clip_positions_padded_in_every_window_are_dropped_without_changing_resu
     for name in ("mlm_count", "cliptc_count", "mlm_correct", "match_correct", "cliptc_correct"):
         assert compact[name] == full[name]
     assert clip_full.shape == (4, 3 * 77, 64) and (clip_full[:, ~used] == 0).all()
+
+
+def test_locate_finds_the_clip_layout_and_targets_the_model_would():
+    """A batch's layout and target positions, found on the host, are what the model would find itself."""
+    b = fake_batch(batch=4, length=16, n_blocks=3)
+    out = adaptation_inputs(b, ["mlm", "match", "cliptc"], torch.Generator().manual_seed(0), vocab_size=100,
+                            special_ids=[0, CLS, SEP, MASK], mask_id=MASK, eot_id=EOT)
+    out = {**out, **locate(out, EOT)}
+    fed = clip_block_mask(out["clip_ids"], EOT)
+    layout, blocks = out["clip_layout"], fed.reshape(-1, 77)
+    assert torch.equal(layout.rows, blocks.any(dim=1).nonzero().squeeze(1))
+    assert layout.length == int(blocks.sum(dim=1).max())
+    used = fed.reshape(4, -1).any(dim=0)
+    assert layout.kept is not None and not used[2 * 77:].any()  # no window uses its third block: dropped
+    assert torch.equal(layout.kept, used.nonzero().squeeze(1))
+    mlm = out["mlm_labels"].reshape(-1)
+    assert torch.equal(mlm[out["mlm_positions"]], mlm[mlm != -100])
+    cliptc = out["cliptc_labels"].reshape(4, -1)[:, layout.kept].reshape(-1)
+    assert torch.equal(cliptc[out["cliptc_positions"]], cliptc[cliptc != -100])
+    assert set(locate({"bert_ids": b["bert_ids"], "bert_mask": b["bert_mask"]}, EOT)) == set()  # nothing to find
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("changes", [{}, {"losses": ["mlm", "match"]}, {"cross_layers": 0, "losses": ["mlm"]},
+                                     {"placeholder": True, "losses": ["mlm"]}])
+def test_located_batch_gives_the_same_bits_as_the_model_finding_it(changes):
+    """A batch that says where its CLIP tokens and targets are (found on the host) trains the same bits
+    as one whose model finds them in the tensors (which, on a GPU, waits for the GPU each time)."""
+    b = fixed_labels(fake_batch())
+    located = {**b, **locate(b, EOT)}
+    assert located["clip_layout"].kept is not None and len(located["clip_layout"].rows) == 5
+    outs, gradients = [], []
+    for batch in (b, located):
+        model = tiny_model(**changes)
+        if model.cliptc_head is not None:
+            model.restrict_cliptc(torch.arange(1000))
+        out = model(**batch)
+        out["loss"].backward()
+        outs.append(out)
+        gradients.append(grads(model))
+    assert outs[0].keys() == outs[1].keys()
+    for key in outs[0]:
+        assert torch.equal(outs[0][key], outs[1][key]), key
+    assert gradients[0].keys() == gradients[1].keys()
+    assert all(torch.equal(gradients[0][n], gradients[1][n]) for n in gradients[0])
+
+
+def test_adaptation_forward_and_backward_compile_as_one_graph():
+    """Given where its CLIP tokens and targets are, the training forward reads nothing of its data on the
+    host: torch.compile traces it whole (fullgraph raises at any break), across batch shapes, and the
+    compiled step computes the eager step's bits (Dynamo with the eager backend runs the same kernels)."""
+    torch._dynamo.reset()
+    eager, compiled = tiny_model(), tiny_model()
+    compiled.restrict_cliptc(torch.arange(1000))
+    eager.restrict_cliptc(torch.arange(1000))
+    step = torch.compile(compiled, backend="eager", fullgraph=True)
+    for batch, length, blocks in ((4, 16, 3), (3, 12, 3)):
+        b = fixed_labels(fake_batch(batch, length, blocks))
+        b = {**b, **locate(b, EOT)}
+        expected, got = eager(**b), step(**b)
+        expected["loss"].backward()
+        got["loss"].backward()
+        for key in expected:
+            assert torch.equal(expected[key], got[key]), key
+        assert all(torch.equal(g, grads(compiled)[n]) for n, g in grads(eager).items())
+    with pytest.raises(ValueError, match="output_attentions"):
+        eager(**b, output_attentions=True)
 
 
 def test_language_cls_only_gives_the_same_cls_and_gradients_and_skips_the_rest():

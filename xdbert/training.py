@@ -190,5 +190,20 @@ def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
     return state
 
 
+def model_identity(model: torch.nn.Module) -> tuple[list, str]:
+    """Names and shapes of the model's tensors and a sha256 of their values (call it before training).
+
+    Part of the checkpoint fingerprint: the checkpoint lives outside DVC's outputs, so after a killed run
+    a change of `model.seed`, the encoder or its size must start afresh instead of resuming (or failing
+    to load with a size-mismatch traceback).
+    """
+    h = hashlib.sha256()
+    shapes = []
+    for name, t in model.state_dict().items():
+        shapes.append([name, list(t.shape)])
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+    return shapes, h.hexdigest()
+
+
 def fingerprint(*objs: object) -> str:
     return hashlib.sha256(json.dumps(objs, sort_keys=True, default=str).encode()).hexdigest()[:16]

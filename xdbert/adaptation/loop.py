@@ -9,7 +9,6 @@ N processes take the steps one process takes, up to the order of float sums.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import time
 from dataclasses import asdict
@@ -25,12 +24,15 @@ from xdbert import training
 from xdbert.adaptation import masking
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.model import LOSSES
+from xdbert.model.modeling import locate
 
 MAX_GRAD_NORM = 1.0  # gradient clipping, as BERT's pretraining
 
 
 class BatchMaker:
-    """Turns shard rows into a training batch: MLM masking, MATCH negatives and CLIPTC targets."""
+    """Turns shard rows into a training batch: MLM masking, MATCH negatives and CLIPTC targets, and where
+    the batch's CLIP tokens and targets are (`locate`: found here, on the host, the model's forward reads
+    nothing of its data on the GPU)."""
 
     def __init__(self, settings: AdaptSettings, n_blocks: int, **token_ids):
         # token_ids: vocab_size, special_ids, mask_id, eot_id (see masking.adaptation_inputs)
@@ -42,9 +44,10 @@ class BatchMaker:
             "bert_mask": torch.from_numpy(rows["bert_mask"].astype(np.int64)),
             "clip_ids": torch.from_numpy(rows["clip_ids"].astype(np.int64)).view(-1, self.n_blocks, 77),
         }
-        return masking.adaptation_inputs(batch, self.s.losses, gen, mlm_prob=self.s.mlm_prob,
-                                         match_prob=self.s.match_prob, cliptc_prob=self.s.cliptc_prob,
-                                         mlm_negatives=self.s.mlm_negatives, **self.token_ids)
+        batch = masking.adaptation_inputs(batch, self.s.losses, gen, mlm_prob=self.s.mlm_prob,
+                                          match_prob=self.s.match_prob, cliptc_prob=self.s.cliptc_prob,
+                                          mlm_negatives=self.s.mlm_negatives, **self.token_ids)
+        return {**batch, **locate(batch, self.token_ids["eot_id"])}
 
 
 def weighted_loss(out: dict, weights: dict | None) -> torch.Tensor:
@@ -71,21 +74,6 @@ def _sum_counts(out: dict, totals: dict) -> None:
 
 def _add(totals: dict, key: str, value: torch.Tensor) -> None:
     totals[key] = totals[key] + value if key in totals else value
-
-
-def model_identity(model: torch.nn.Module) -> tuple[list, str]:
-    """Names and shapes of the model's tensors and a sha256 of their values (call it before training).
-
-    Part of the checkpoint fingerprint: the checkpoint lives outside DVC's outputs, so after a killed run
-    a change of `model.seed`, the encoder or its size must start afresh instead of resuming (or failing
-    to load with a size-mismatch traceback).
-    """
-    h = hashlib.sha256()
-    shapes = []
-    for name, t in model.state_dict().items():
-        shapes.append([name, list(t.shape)])
-        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
-    return shapes, h.hexdigest()
 
 
 def read_counts(totals: dict, losses, device, accelerator: Accelerator | None = None) -> dict:
@@ -169,7 +157,7 @@ def adapt(
     total = steps_per_epoch * s.epochs
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total)
     data_hash = (getattr(train, "manifest", None) or {}).get("content_sha256")
-    print_fp = training.fingerprint(asdict(s), precision.name, len(train), data_hash, *model_identity(model))
+    print_fp = training.fingerprint(asdict(s), precision.name, len(train), data_hash, *training.model_identity(model))
     # The schedule is not prepared: accelerate would step it once per process at every optimizer step,
     # but here every step already covers the whole `batch_size` across all processes.
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 from xdbert import io, training
 from xdbert.adaptation import masking
-from xdbert.adaptation.loop import model_identity
 from xdbert.adaptation.settings import PretrainSettings
 from xdbert.clip import clip_block_mask
 from xdbert.data.tokenization.windows import CLIP_CONTEXT
@@ -167,7 +166,7 @@ def _train(model: torch.nn.Module, s: PretrainSettings, name: str,
     so a resumed run takes the same steps as an uninterrupted one.
     """
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, s.steps)
-    fp = training.fingerprint(asdict(s), name, data_size, *model_identity(model))
+    fp = training.fingerprint(asdict(s), name, data_size, *training.model_identity(model))
     state = training.load_checkpoint(checkpoint, fp)
     start, history = 0, []
     if state is not None:

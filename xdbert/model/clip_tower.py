@@ -2,13 +2,19 @@
 
 CLIP's causal mask is kept inside the tower. Because of it a real token never attends to the zero
 padding after [EOT], so the tower needs no padding mask; padding is masked in the cross layers.
+
+`ClipLayout` says which of a batch's CLIP blocks and positions hold tokens. Found from tensors on a GPU,
+each of its numbers is a wait for the GPU; the adaptation batches find it on the host instead
+(`modeling.locate`), so the model's forward never reads the GPU's data.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import open_clip
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from xdbert.clip import check_name, pinned_clip_weights, register_configs
@@ -22,6 +28,38 @@ def clip_uses_quick_gelu(name: str, pretrained: str = "") -> bool:
     tag_cfg = open_clip.get_pretrained_cfg(name, pretrained) if pretrained else {}
     model_cfg = open_clip.get_model_config(name) or {}
     return bool(tag_cfg.get("quick_gelu", model_cfg.get("quick_gelu", False)))
+
+
+@dataclass(frozen=True)
+class ClipLayout:
+    """Which CLIP blocks and positions of a batch hold tokens, so that the rest are not computed.
+
+    rows: (R,) the used blocks among the batch's `batch * n_blocks`, in order; length: positions kept per
+    block, up to the longest used block's [EOT] (0 when no block is used); kept: (K,) the positions of
+    the `n_blocks * context` that hold a token in some window, or None when all or none do.
+    """
+
+    rows: torch.Tensor
+    length: int
+    kept: torch.Tensor | None
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> "ClipLayout":
+        """The layout of a (B, n_blocks, context) `clip_block_mask`; reads it on the host."""
+        batch, n_blocks, context = mask.shape
+        lengths = mask.reshape(batch * n_blocks, context).sum(dim=-1)
+        used = mask.reshape(batch, n_blocks * context).any(dim=0)
+        kept = used.nonzero().squeeze(1) if bool(used.any()) and not bool(used.all()) else None
+        return cls((lengths > 0).nonzero().squeeze(1), int(lengths.max()) if lengths.numel() else 0, kept)
+
+    def pin_memory(self) -> "ClipLayout":
+        return self._map(torch.Tensor.pin_memory)
+
+    def to(self, device, non_blocking: bool = False) -> "ClipLayout":
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def _map(self, fn) -> "ClipLayout":
+        return ClipLayout(fn(self.rows), self.length, None if self.kept is None else fn(self.kept))
 
 
 _MINIMAL_VISION_CFG = {"image_size": 32, "patch_size": 16, "width": 32, "head_width": 32, "layers": 1}
@@ -102,22 +140,24 @@ class CLIPTextTower(nn.Module):
     def context_length(self) -> int:
         return self.positional_embedding.shape[0]
 
-    def forward(self, clip_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """clip_ids, mask: (B, n_blocks, context) -> token features (B, n_blocks * context, width)."""
+    def forward(self, clip_ids: torch.Tensor, mask: torch.Tensor, layout: ClipLayout | None = None) -> torch.Tensor:
+        """clip_ids, mask: (B, n_blocks, context) -> token features (B, n_blocks * context, width).
+
+        `layout` (`ClipLayout.of(mask)`, found here when not given) names the blocks to run.
+        """
         batch, n_blocks, context = clip_ids.shape
-        ids = clip_ids.reshape(batch * n_blocks, context)
-        valid = mask.reshape(batch * n_blocks, context)
-        lengths = valid.sum(dim=-1)
-        used = lengths > 0
-        # All blocks run as one batch; unused blocks are skipped and blocks are cut after the longest
+        if layout is None:
+            layout = ClipLayout.of(mask)
+        # All used blocks run as one batch; unused blocks are skipped and blocks are cut after the longest
         # one's [EOT]. With the causal mask a position only sees earlier ones, so the cut changes nothing.
-        n = int(lengths.max()) if bool(used.any()) else 0
+        n, rows = layout.length, layout.rows
         if n == 0:
             return self.token_embedding.weight.new_zeros(batch, n_blocks * context, self.width)
-        x = self.token_embedding(ids[used, :n]) + self.positional_embedding[:n]
+        ids = clip_ids.reshape(batch * n_blocks, context).index_select(0, rows)[:, :n]
+        valid = mask.reshape(batch * n_blocks, context).index_select(0, rows)[:, :n]
+        x = self.token_embedding(ids) + self.positional_embedding[:n]
         x = self.transformer(x, attn_mask=self.attn_mask[:n, :n])
         # Zero after [EOT] too, so a window's features never depend on what else is in the batch.
-        x = self.ln_final(x) * valid[used, :n, None].to(x.dtype)
-        out = x.new_zeros(batch * n_blocks, context, x.shape[-1])
-        out[used, :n] = x
+        x = F.pad(self.ln_final(x) * valid[..., None].to(x.dtype), (0, 0, 0, context - n))
+        out = x.new_zeros(batch * n_blocks, context, x.shape[-1]).index_copy(0, rows, x)
         return out.reshape(batch, n_blocks * context, x.shape[-1])

@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 from xdbert.clip import check_name, clip_block_mask
 from xdbert.errors import PipelineError
 from xdbert.model import IGNORE_INDEX, LOSSES
-from xdbert.model.clip_tower import CLIPTextTower
+from xdbert.model.clip_tower import CLIPTextTower, ClipLayout
 from xdbert.model.encoders import RANDOM_PREFIX, build_language_encoder, load_pretrained_mlm_head
 from xdbert.model.layers import CrossModalLayer, MaskedTokenHead, MatchHead
 
@@ -196,26 +196,29 @@ class XDBertModel(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------------
 
-    def _clip_stream(self, clip_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """CLIP token features (B, n_blocks*context, W) and their mask (B, n_blocks*context)."""
+    def _clip_stream(self, clip_ids: torch.Tensor, layout: ClipLayout | None
+                     ) -> tuple[torch.Tensor, torch.Tensor, ClipLayout]:
+        """CLIP token features (B, n_blocks*context, W), their mask (B, n_blocks*context) and layout."""
         batch, n_blocks, context = clip_ids.shape
         if context != self.context_length:
             raise PipelineError(f"CLIP blocks have {context} positions, the CLIP model expects {self.context_length}")
         mask = clip_block_mask(clip_ids, self.config.clip_eot_id)
+        if layout is None:
+            layout = ClipLayout.of(mask)
         if self.placeholder is not None:
             if n_blocks > self.config.clip_blocks:
                 raise PipelineError(f"the placeholder covers {self.config.clip_blocks} CLIP blocks, the batch has {n_blocks}; raise `clip_blocks`")
             features = self.placeholder[: n_blocks * context].unsqueeze(0).expand(batch, -1, -1)
         else:
-            features = self.clip(clip_ids, mask)
-        return features, mask.reshape(batch, n_blocks * context)
+            features = self.clip(clip_ids, mask, layout)
+        return features, mask.reshape(batch, n_blocks * context), layout
 
     def _encode(self, bert_ids, bert_mask, clip_ids, output_attentions=False, token_type_ids=None, language_cls_only=False,
-                clip_output=True):
+                clip_output=True, clip_layout=None):
         """(language, clip, clip_mask, attentions, kept): `kept` indexes the CLIP positions the cross layers
         saw (None: all of them). `language_cls_only`: the last cross layer computes only the language
         [CLS], (B, 1, H), and clip is None; `clip_output=False`: it computes no CLIP stream, and clip is
-        None (see `CrossModalLayer`)."""
+        None (see `CrossModalLayer`). `clip_layout`: `ClipLayout.of` the CLIP mask, found on the host."""
         if language_cls_only and output_attentions:
             raise ValueError("language_cls_only skips the last layer's CLIP stream: it cannot return its attention maps")
         types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}  # not every encoder takes them
@@ -224,15 +227,13 @@ class XDBertModel(nn.Module):
             return language, None, None, [], None
         if clip_ids is None:
             raise ValueError("this model has cross layers: clip_ids are required")
-        clip, clip_mask = self._clip_stream(clip_ids)
-        kept = None
-        used = clip_mask.any(dim=0)
-        if not output_attentions and bool(used.any()) and not bool(used.all()):  # (none used: nothing to gain)
-            # Positions that hold no token in any window of the batch are dropped before the cross layers:
-            # as keys they are masked and their own states are never read, so only the cost changes. A
-            # finetuning sentence fills about 20 of its block's 77 positions, so this is most of the work.
-            # Attention maps keep the full layout (the analyses index it by CLIP position).
-            kept = used.nonzero().squeeze(1)
+        clip, clip_mask, layout = self._clip_stream(clip_ids, clip_layout)
+        # Positions that hold no token in any window of the batch are dropped before the cross layers: as
+        # keys they are masked and their own states are never read, so only the cost changes. A finetuning
+        # sentence fills about 20 of its block's 77 positions, so this is most of the work. Attention maps
+        # keep the full layout (the analyses index it by CLIP position).
+        kept = None if output_attentions else layout.kept
+        if kept is not None:
             clip, clip_mask = clip[:, kept], clip_mask[:, kept]
         language_mask = bert_mask.bool()
         attentions = []
@@ -245,16 +246,17 @@ class XDBertModel(nn.Module):
 
     def encode(self, bert_ids: torch.Tensor, bert_mask: torch.Tensor, clip_ids: torch.Tensor | None = None,
                token_type_ids: torch.Tensor | None = None, language_cls_only: bool = False,
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+               clip_layout: ClipLayout | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(language hidden states after the cross layers (B, L, H), CLIP stream states (B, n_blocks*77, W)).
 
         Without cross layers the CLIP states are None and the language states are the encoder's output.
         CLIP positions that hold no token in any window of the batch are zero. Finetuning the full model
         (paper Table 8) classifies from the language [CLS]: `language_cls_only` returns it alone, (B, 1, H),
-        and no CLIP states, skipping the last cross layer's work that nothing reads.
+        and no CLIP states, skipping the last cross layer's work that nothing reads. `clip_layout`: as in
+        `forward`.
         """
         language, clip, _, _, kept = self._encode(bert_ids, bert_mask, clip_ids, token_type_ids=token_type_ids,
-                                                  language_cls_only=language_cls_only)
+                                                  language_cls_only=language_cls_only, clip_layout=clip_layout)
         if kept is not None and clip is not None:
             full = clip.new_zeros(clip.shape[0], clip_ids.shape[1] * clip_ids.shape[2], clip.shape[2])
             full[:, kept] = clip
@@ -263,32 +265,41 @@ class XDBertModel(nn.Module):
 
     def forward(self, bert_ids: torch.Tensor, bert_mask: torch.Tensor, clip_ids: torch.Tensor | None = None,
                 mlm_labels: torch.Tensor | None = None, match_labels: torch.Tensor | None = None,
-                cliptc_labels: torch.Tensor | None = None, output_attentions: bool = False) -> dict[str, Any]:
+                cliptc_labels: torch.Tensor | None = None, output_attentions: bool = False,
+                clip_layout: ClipLayout | None = None, mlm_positions: torch.Tensor | None = None,
+                cliptc_positions: torch.Tensor | None = None) -> dict[str, Any]:
         """Losses of the enabled objectives whose labels are given, and their accuracy counts.
 
         Returns `loss` (unweighted sum; absent when no labels were given), `<name>_loss`,
         `<name>_count` and `<name>_correct` for each computed objective, and `cross_attentions`
         (per layer {"language": (B, heads, L, C), "clip": (B, clip_heads, C, L)}) if asked.
         Labels of objectives not in `config.losses` are ignored, so one batch format serves all variants.
+
+        Found on the host with the batch (`locate`), these spare the forward every read of the device's
+        data: `clip_layout` (`ClipLayout.of` the CLIP mask), `mlm_positions` (`target_positions(mlm_labels)`)
+        and `cliptc_positions` (`target_positions` of the CLIPTC labels at `clip_layout.kept`'s positions).
         """
+        if output_attentions and cliptc_positions is not None and clip_layout is not None and clip_layout.kept is not None:
+            raise ValueError("with output_attentions every CLIP position is kept: cliptc_positions index only clip_layout.kept's")
         language, clip, _, attentions, kept = self._encode(bert_ids, bert_mask, clip_ids, output_attentions,
-                                                           clip_output=self.cliptc_head is not None)
+                                                           clip_output=self.cliptc_head is not None, clip_layout=clip_layout)
         out: dict[str, Any] = {}
         total = []
         if self.mlm_head is not None and mlm_labels is not None:
-            self._token_loss(out, "mlm", self.mlm_head, language, mlm_labels)
+            self._token_loss(out, "mlm", self.mlm_head, language, mlm_labels, mlm_positions)
             total.append(out["mlm_loss"])
         if self.match_head is not None and match_labels is not None:
             logits = self.match_head(language[:, 0])
             out["match_loss"] = F.cross_entropy(logits.float(), match_labels)
-            out["match_count"] = torch.tensor(match_labels.numel(), device=logits.device)
+            out["match_count"] = _count(match_labels.numel(), logits.device)
             out["match_correct"] = (logits.argmax(-1) == match_labels).sum().detach()
             total.append(out["match_loss"])
         if self.cliptc_head is not None and cliptc_labels is not None:
             labels = cliptc_labels.reshape(clip.shape[0], -1)
             if kept is not None:  # targets are real tokens, so none is at a dropped position
                 labels = labels[:, kept]
-            self._token_loss(out, "cliptc", self.cliptc_head, clip, labels, self.cliptc_classes, self.cliptc_class_of)
+            self._token_loss(out, "cliptc", self.cliptc_head, clip, labels, cliptc_positions, self.cliptc_classes,
+                             self.cliptc_class_of)
             total.append(out["cliptc_loss"])
         if total:
             out["loss"] = torch.stack(total).sum()
@@ -298,22 +309,51 @@ class XDBertModel(nn.Module):
 
     @staticmethod
     def _token_loss(out: dict, name: str, head: MaskedTokenHead, hidden: torch.Tensor, labels: torch.Tensor,
-                    classes: torch.Tensor | None = None, class_of: torch.Tensor | None = None) -> None:
+                    positions: torch.Tensor | None = None, classes: torch.Tensor | None = None,
+                    class_of: torch.Tensor | None = None) -> None:
         """Vocabulary logits only at target positions: gather the rows first, then decode (n, vocab).
-        With `classes` (ids, and `class_of` mapping each id to its place), only those ids are scored."""
-        targets = labels != IGNORE_INDEX
-        rows, wanted = hidden[targets], labels[targets]
+        `positions`: `target_positions(labels)`, found here when not given. With `classes` (ids, and
+        `class_of` mapping each id to its place), only those ids are scored."""
+        if positions is None:
+            positions = target_positions(labels)
+        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
+        wanted = labels.reshape(-1).index_select(0, positions)
         if classes is not None:
             wanted = class_of[wanted]
-        if wanted.numel() == 0:
+        if positions.numel() == 0:
             out[f"{name}_loss"] = hidden.sum() * 0.0  # keeps the graph; cross_entropy of nothing is NaN
-            out[f"{name}_count"] = torch.tensor(0, device=hidden.device)
-            out[f"{name}_correct"] = torch.tensor(0, device=hidden.device)
+            out[f"{name}_count"] = _count(0, hidden.device)
+            out[f"{name}_correct"] = _count(0, hidden.device)
             return
         logits = head(rows, classes)
         out[f"{name}_loss"] = F.cross_entropy(logits.float(), wanted)
-        out[f"{name}_count"] = torch.tensor(wanted.numel(), device=hidden.device)
+        out[f"{name}_count"] = _count(positions.numel(), hidden.device)
         out[f"{name}_correct"] = (logits.argmax(-1) == wanted).sum().detach()
+
+
+def target_positions(labels: torch.Tensor) -> torch.Tensor:
+    """Where `labels` (any shape) hold a target, as indices into its flattened form, in order."""
+    return (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+
+
+def locate(batch: dict, eot_id: int) -> dict:
+    """Where a batch's CLIP tokens and targets are, as `forward` takes them: `clip_layout`, `mlm_positions`
+    and `cliptc_positions`, for a batch of its inputs and labels. The adaptation batches call it on the
+    host, where reading them costs nothing; the model itself would wait for the GPU at each."""
+    out: dict = {}
+    if batch.get("clip_ids") is not None:
+        layout = out["clip_layout"] = ClipLayout.of(clip_block_mask(batch["clip_ids"], eot_id))
+        if batch.get("cliptc_labels") is not None:
+            labels = batch["cliptc_labels"].reshape(len(batch["clip_ids"]), -1)
+            out["cliptc_positions"] = target_positions(labels if layout.kept is None else labels[:, layout.kept])
+    if batch.get("mlm_labels") is not None:
+        out["mlm_positions"] = target_positions(batch["mlm_labels"])
+    return out
+
+
+def _count(n: int, device: torch.device) -> torch.Tensor:
+    # Filled on the device: `torch.tensor(n, device=...)` would copy n from pageable host memory.
+    return torch.full((), n, dtype=torch.long, device=device)
 
 
 def _init_bert_style(module: nn.Module | None, std: float) -> None:
