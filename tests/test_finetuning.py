@@ -29,6 +29,8 @@ from xdbert.finetuning.results import write_results
 from xdbert.finetuning.runs import Study
 from xdbert.finetuning.settings import FinetuneSettings, learning_rate, size_of
 from xdbert.finetuning.stacked import train_group
+from xdbert.clip import clip_block_mask
+from xdbert.model.clip_tower import ClipLayout
 from xdbert.model.settings import family
 from xdbert.profiles import values
 
@@ -789,6 +791,26 @@ def test_full_and_clip_kinds_finetune_end_to_end(crossmodal_dirs, bert_dir, kind
     assert pred.shape == (12,) and np.isfinite(run["last_epoch_loss"])
     again = train_seed(job, 0)
     np.testing.assert_array_equal(pred, again["predictions"]["dev"])
+
+
+@pytest.mark.parametrize("kind, task", [("full", "swag"), ("clip", "stsb")])
+def test_the_clip_layout_found_on_the_host_trains_the_same_bits(crossmodal_dirs, bert_dir, monkeypatch, kind, task):
+    """Batches of the `full` and `clip` kinds say which CLIP blocks hold tokens (found on the host, where
+    reading them costs no wait for the GPU); a run trains exactly what it trained when the model found it."""
+    spec = get_task(task)
+    job = prepare(kind, crossmodal_dirs / kind, keyword_tables(task, 32, 12), settings(spec, epochs=1),
+                  tokenizer_dir=bert_dir)
+    batch = loop.host_batch(job, job.data["train"], np.arange(8), 1)
+    ids = torch.from_numpy(batch["clip_ids"]).reshape(-1, *batch["clip_ids"].shape[-2:])
+    expected = ClipLayout.of(clip_block_mask(ids, job.eot_id))
+    layout = batch["clip_layout"]
+    assert torch.equal(layout.rows, expected.rows) and layout.length == expected.length
+    assert len(layout.rows) < len(ids) * ids.shape[1]  # some blocks are unused, so the layout matters
+    located = loop.train_seed(job, 0)
+    monkeypatch.setattr(loop, "host_batch", lambda job, data, rows, multiple: fd.collate(data, rows, multiple))
+    found = loop.train_seed(job, 0)
+    assert located["first_epoch_loss"] == found["first_epoch_loss"]
+    np.testing.assert_array_equal(located["predictions"]["dev"], found["predictions"]["dev"])
 
 
 @pytest.mark.parametrize("kind", ["full", "clip"])

@@ -133,7 +133,8 @@ class FullModelClassifier(nn.Module):
         lead = batch["input_ids"].shape[:-1]
         ids, mask = _flat(batch["input_ids"], 1), _flat(batch["attention_mask"], 1)
         types = _flat(batch["token_type_ids"], 1) if "token_type_ids" in batch else None
-        language, _ = self.xd.encode(ids, mask, _flat(batch["clip_ids"], 2), token_type_ids=types, language_cls_only=True)
+        language, _ = self.xd.encode(ids, mask, _flat(batch["clip_ids"], 2), token_type_ids=types, language_cls_only=True,
+                                     clip_layout=batch.get("clip_layout"))
         scores = self.out(self.dropout(torch.tanh(self.pool(language[:, 0]))))
         return _unflat(scores, lead)
 
@@ -167,7 +168,7 @@ class ClipTowerClassifier(nn.Module):
         ids = _flat(clip_ids, 2)                                   # (N, n_blocks, 77)
         n, n_blocks, context = ids.shape
         mask = clip_block_mask(ids, self.eot_id)
-        x = self.tower(ids, mask).reshape(n, n_blocks, context, -1)
+        x = self.tower(ids, mask, batch.get("clip_layout")).reshape(n, n_blocks, context, -1)
         eot = (mask.sum(-1) - 1).clamp(min=0)                      # mask runs from [SOT] to the first [EOT]
         pooled = x.gather(2, eot[..., None, None].expand(-1, -1, 1, x.shape[-1])).squeeze(2)
         used = mask.any(-1).to(pooled.dtype)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xdbert import training
+from xdbert.clip import clip_block_mask
 from xdbert.data.tasks.metrics import compute_metrics
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
@@ -23,6 +24,7 @@ from xdbert.finetuning import data as fd
 from xdbert.finetuning import graphed
 from xdbert.finetuning.job import Job, build_model
 from xdbert.finetuning.rates import parameter_groups
+from xdbert.model.clip_tower import ClipLayout
 
 
 def task_loss(spec: TaskSpec, scores: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -70,6 +72,16 @@ def epoch_loss(losses: list[torch.Tensor], step: int, where: str) -> float:
     return float(stacked.mean())
 
 
+def host_batch(job: Job, data: fd.Encoded, rows: np.ndarray, multiple: int) -> dict:
+    """The batch of examples `rows` and, when it has CLIP blocks, which of them hold tokens (`ClipLayout`):
+    found here on the host, the `clip` and `full` kinds' forward reads nothing of its data on the GPU."""
+    batch = fd.collate(data, rows, multiple)
+    if "clip_ids" in batch:
+        ids = torch.from_numpy(batch["clip_ids"])
+        batch["clip_layout"] = ClipLayout.of(clip_block_mask(ids.reshape(-1, *ids.shape[-2:]), job.eot_id))
+    return batch
+
+
 @torch.no_grad()
 def predict(model: nn.Module, job: Job, data: fd.Encoded, device: torch.device, autocast) -> np.ndarray:
     """Predicted class / choice (int64) or score (float64) of every example, in the split's order."""
@@ -77,7 +89,7 @@ def predict(model: nn.Module, job: Job, data: fd.Encoded, device: torch.device, 
     out: np.ndarray | None = None
     multiple = pad_multiple(job.hyperparameters.max_len, device)
     for rows in fd.eval_batches(data.lengths, job.hyperparameters.eval_batch_size):
-        batch = training.to_device(fd.collate(data, rows, multiple), device)
+        batch = training.to_device(host_batch(job, data, rows, multiple), device)
         with autocast():
             scores = model(batch).float()
         if job.spec.kind == "regression":
@@ -135,7 +147,7 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
     for epoch in range(s.epochs):
         losses = []
         for rows in fd.length_grouped_batches(lengths, s.batch_size, seed, epoch, s.length_group):
-            batch = training.to_device(fd.collate(train, rows, multiple), device)
+            batch = training.to_device(host_batch(job, train, rows, multiple), device)
             torch.manual_seed(training.step_seed(seed, -2, step))  # dropout of this step
             if compiling and not recorded:
                 torch.compiler.cudagraph_mark_step_begin()
