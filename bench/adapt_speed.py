@@ -41,7 +41,7 @@ from transformers import AutoConfig, BertForMaskedLM
 from xdbert import params, training
 from xdbert.adaptation import masking
 from xdbert.adaptation.settings import AdaptSettings
-from xdbert.model.modeling import XDBertConfig, XDBertModel
+from xdbert.model.modeling import XDBertConfig, XDBertModel, locate
 from xdbert.model.settings import ModelSettings
 from xdbert.clip import clip_special_ids
 
@@ -144,6 +144,7 @@ def main() -> None:
     raw = synthetic_batch(s, batch_size, gen)
     inputs = masking.adaptation_inputs(raw, ["mlm", "match", "cliptc"], gen, vocab_size=s["vocab_size"],
                                        special_ids=[0, 100, 101, 102, 103], mask_id=103 % s["vocab_size"], eot_id=eot)
+    inputs = {**inputs, **locate(inputs, eot)}  # found on the host, as the adapt stage's batches are
     inputs = {k: v.to(device) for k, v in inputs.items()}
 
     torch.manual_seed(0)

@@ -15,7 +15,10 @@
 #   bash bench/gpu_adapt.sh [STEPS]
 # Results land in bench/results/gpu/, and as one archive in $OUT when $OUT is set (the device tool brings
 # back at most 8 files), beside the compile cache (compile-cache.tgz; bench/gpu_env.sh says how it is
-# carried back). SKIP_COMPILED=1 leaves out the compiled runs.
+# carried back). Narrower calls: EAGER_ARGS (default "--variants all") picks step 1's runs, SKIP_DDP=1 and
+# SKIP_COMPILED=1 leave out steps 2 and 3, COMPILED_VARIANTS (default xdbert,baseline) picks step 3's.
+# For example, BERT-b's XDBERT alone, eager and compiled, beside the older commit (about 300 s):
+#   REF=.ref EAGER_ARGS="--families bert-b --variants xdbert" SKIP_DDP=1 COMPILED_VARIANTS=xdbert bash bench/gpu_adapt.sh
 set -u
 steps=${1:-4}
 out=bench/results/gpu
@@ -32,9 +35,12 @@ if [ -n "${REF:-}" ]; then
     run reference 60 env PYTHONPATH="$REF:$PYTHONPATH" python3 bench/adapt_stage_speed.py --families bert-b --variants xdbert
 fi
 # 1. every family's Table 1 adaptations, then adapt.family's ablations, eager (what the profiles run today)
-run eager ${EAGER_LIMIT:-350} python3 bench/adapt_stage_speed.py --variants all
+run eager ${EAGER_LIMIT:-350} python3 bench/adapt_stage_speed.py ${EAGER_ARGS:---variants all}
 # 2. DDP with one process (the path `accelerate launch` takes on a machine with several GPUs)
-run ddp 45 torchrun --nproc_per_node 1 bench/adapt_stage_speed.py --families bert-b --variants xdbert
-# 3. compiled (adapt.compile: true): does compiling pay in the stage itself?
-[ -n "${SKIP_COMPILED:-}" ] || run compiled 150 python3 bench/adapt_stage_speed.py --families bert-b --variants xdbert,baseline --compile
+[ -n "${SKIP_DDP:-}" ] || run ddp 45 torchrun --nproc_per_node 1 bench/adapt_stage_speed.py --families bert-b --variants xdbert
+# 3. compiled (adapt.compile: true): does compiling pay in the stage itself? The log names every graph
+# break and recompile: the forward is meant to trace as one graph (tests/test_modeling.py checks it on
+# the CPU, with this machine's torch and transformers it may differ).
+[ -n "${SKIP_COMPILED:-}" ] || run compiled ${COMPILED_LIMIT:-150} env TORCH_LOGS=graph_breaks,recompiles \
+    python3 bench/adapt_stage_speed.py --families bert-b --variants ${COMPILED_VARIANTS:-xdbert,baseline} --compile
 save_compile_cache
