@@ -138,8 +138,8 @@ class FinetuneSettings:
         if lr is None:
             lr = learning_rate(self.lr, self.task, size, model_kind)
         # Only an encoder's forward can be vmapped (`stacked`) or recorded as a CUDA graph (`graphed`): the
-        # other kinds read data-dependent shapes on the host (the CLIP tower's used blocks and length), so
-        # they train each seed alone and unrecorded.
+        # other kinds' shapes follow which CLIP blocks each batch uses (`ClipLayout`), which differs between
+        # the seeds' batches and from batch to batch, so they train each seed alone and unrecorded.
         encoder = model_kind == "encoder"
         return Hyperparameters(lr=lr, max_grad_norm=MAX_GRAD_NORM, layer_lr_decay=layer_lr_decay,
                                stack=self.stack if encoder else 1, cuda_graph=self.cuda_graph and encoder, **shared)

@@ -166,8 +166,8 @@ def train_stack(job: Job, seeds: list[int], device: str | torch.device = "cpu") 
     (`stacked_with`); their times are the stack's."""
     s, spec = job.hyperparameters, job.spec
     if job.model_kind != "encoder":
-        raise PipelineError(f"finetune.stack > 1 trains `encoder` models only, not `{job.model_kind}`: its forward "
-                            "reads data-dependent shapes on the host, which a vmapped call cannot")
+        raise PipelineError(f"finetune.stack > 1 trains `encoder` models only, not `{job.model_kind}`: its shapes "
+                            "follow each batch's CLIP blocks, and a vmapped call needs one shape for every seed")
     device = torch.device(device)
     t0 = time.time()
     models = []
