@@ -458,10 +458,12 @@ def test_rounding_lengths_up_to_8_changes_no_score(bert_dir):
     assert pad_multiple(100, torch.device("cuda")) == 1
 
 
-def test_compiled_training_matches_eager(bert_dir, monkeypatch):
+@pytest.mark.parametrize("kind, task", [("encoder", "sst2"), ("full", "swag"), ("clip", "stsb")])
+def test_compiled_training_matches_eager(bert_dir, crossmodal_dirs, monkeypatch, kind, task):
     """`finetune.compile` traces the model once for every batch length and trains to the same result.
     The graph is run by dynamo's `eager` backend: the tracing, guards and dynamic shapes are real, only
-    the code generation (a minute on this CPU, measured on the GPU in bench/results/h100) is left out."""
+    the code generation (a minute on this CPU, measured on the GPU in bench/results/h100) is left out.
+    With `fullgraph=True` any graph break fails: no kind reads its data on the host in its forward."""
     from torch._dynamo.utils import counters
 
     real_compile = torch.compile
@@ -469,15 +471,16 @@ def test_compiled_training_matches_eager(bert_dir, monkeypatch):
 
     def compile_eagerly(model, **kw):
         calls.append(kw)
-        return real_compile(model, backend="eager", **kw)
+        return real_compile(model, backend="eager", fullgraph=True, **kw)
 
-    spec = get_task("sst2")
-    tables = keyword_tables("sst2", 48, 32)
-    eager = train_seed(prepare("encoder", bert_dir, tables, settings(spec, epochs=2)), 0)
+    spec = get_task(task)
+    tables = keyword_tables(task, 48, 32)
+    path = bert_dir if kind == "encoder" else crossmodal_dirs / kind
+    eager = train_seed(prepare(kind, path, tables, settings(spec, epochs=2), tokenizer_dir=bert_dir), 0)
     monkeypatch.setattr(torch, "compile", compile_eagerly)
     torch._dynamo.reset()
     counters.clear()
-    compiled = train_seed(prepare("encoder", bert_dir, tables, settings(spec, epochs=2, compile=True)), 0)
+    compiled = train_seed(prepare(kind, path, tables, settings(spec, epochs=2, compile=True), tokenizer_dir=bert_dir), 0)
     assert calls == [{"dynamic": True, "mode": None}]  # CUDA graphs on a GPU only
     assert counters["stats"]["unique_graphs"] >= 1  # dynamo really captured the model
     assert counters["stats"]["unique_graphs"] <= 3  # not one graph per batch length (train, eval)
