@@ -42,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -136,7 +137,7 @@ def measure(p: dict, family: str, variant: str, args, work: Path) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     stamps, start = [], time.perf_counter()
-    with profiled(args.profile, args.out / f"profile-{family}-{variant}.txt"):
+    with profiled(args.profile, args.out / f"profile-{family}-{variant}.txt"), synced_warnings(args.sync_debug and device.type == "cuda"):
         metrics = adapt(xdbert, train, valid, make_batch, s, work / f"{family}-{variant}.pt",
                         log=lambda m, step: stamps.append(time.perf_counter()), stop_after=args.warmup + args.steps)
     steps = np.diff(stamps)[args.warmup - 1:]
@@ -158,6 +159,22 @@ def measure(p: dict, family: str, variant: str, args, work: Path) -> dict:
         torch.cuda.empty_cache()
     print(json.dumps(row), flush=True)
     return row
+
+
+@contextlib.contextmanager
+def synced_warnings(on: bool):
+    """With `on`, every operation that makes the host wait for the GPU warns, once per line of code that
+    called it: the set-up's and the loop's once-a-step reads, and any left in the model's forward."""
+    if not on:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
 
 def matmul_parameters(module: torch.nn.Module) -> int:
@@ -197,6 +214,8 @@ def main() -> None:
     ap.add_argument("--finetune-only", action="store_true", help="no adaptation steps: build each model and write "
                     "the finetuning grid's projection alone (runs on a CPU)")
     ap.add_argument("--profile", action="store_true", help="write each run's kernels by GPU time (profile-*.txt)")
+    ap.add_argument("--sync-debug", action="store_true", help="on a GPU, warn once at every line that makes the "
+                    "host wait for the GPU (torch.cuda.set_sync_debug_mode; the warnings slow the steps)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     if args.warmup < 1 or args.steps < 1:

@@ -16,7 +16,8 @@
 # Results land in bench/results/gpu/, and as one archive in $OUT when $OUT is set (the device tool brings
 # back at most 8 files), beside the compile cache (compile-cache.tgz; bench/gpu_env.sh says how it is
 # carried back). Narrower calls: EAGER_ARGS (default "--variants all") picks step 1's runs, SKIP_DDP=1 and
-# SKIP_COMPILED=1 leave out steps 2 and 3, COMPILED_VARIANTS (default xdbert,baseline) picks step 3's.
+# SKIP_COMPILED=1 leave out steps 2 and 3, COMPILED_VARIANTS (default xdbert,baseline) picks step 3's,
+# SYNC_DEBUG=1 adds a run that names every line where the host waits for the GPU (step 0b).
 # For example, BERT-b's XDBERT alone, eager and compiled, beside the older commit (about 300 s):
 #   REF=.ref EAGER_ARGS="--families bert-b --variants xdbert" SKIP_DDP=1 COMPILED_VARIANTS=xdbert bash bench/gpu_adapt.sh
 set -u
@@ -34,6 +35,8 @@ run() {  # name, time limit, command...
 if [ -n "${REF:-}" ]; then
     run reference 60 env PYTHONPATH="$REF:$PYTHONPATH" python3 bench/adapt_stage_speed.py --families bert-b --variants xdbert
 fi
+# 0b. with SYNC_DEBUG=1: every line of the stage's code that makes the host wait for the GPU, named once
+[ -z "${SYNC_DEBUG:-}" ] || run syncs 60 python3 bench/adapt_stage_speed.py --families bert-b --variants xdbert --sync-debug
 # 1. every family's Table 1 adaptations, then adapt.family's ablations, eager (what the profiles run today)
 run eager ${EAGER_LIMIT:-350} python3 bench/adapt_stage_speed.py ${EAGER_ARGS:---variants all}
 # 2. DDP with one process (the path `accelerate launch` takes on a machine with several GPUs)

@@ -348,6 +348,18 @@ def test_locate_finds_the_clip_layout_and_targets_the_model_would():
     assert set(locate({"bert_ids": b["bert_ids"], "bert_mask": b["bert_mask"]}, EOT)) == set()  # nothing to find
 
 
+def test_a_layout_pins_and_moves_like_a_tensor(monkeypatch):
+    """`training.to_device` sends a batch to a GPU as `v.pin_memory().to(device, non_blocking=True)`; a
+    layout does the same to its tensors and keeps its length (pinning is faked: this machine has no GPU)."""
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t.clone())
+    layout = locate(fixed_labels(fake_batch()), EOT)["clip_layout"]
+    moved = layout.pin_memory().to("meta", non_blocking=True)
+    assert [t.data_ptr() for t in pinned] == [layout.rows.data_ptr(), layout.kept.data_ptr()]
+    assert moved.rows.is_meta and moved.kept.is_meta and moved.length == layout.length
+    assert moved.rows.shape == layout.rows.shape and moved.kept.shape == layout.kept.shape
+
+
 def grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
