@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from xdbert import training
-from xdbert.clip import clip_block_mask
 from xdbert.data.tasks.metrics import compute_metrics
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
@@ -24,7 +23,7 @@ from xdbert.finetuning import data as fd
 from xdbert.finetuning import graphed
 from xdbert.finetuning.job import Job, build_model
 from xdbert.finetuning.rates import parameter_groups
-from xdbert.model.clip_tower import ClipLayout
+from xdbert.model.modeling import locate
 
 
 def task_loss(spec: TaskSpec, scores: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -78,7 +77,7 @@ def host_batch(job: Job, data: fd.Encoded, rows: np.ndarray, multiple: int) -> d
     batch = fd.collate(data, rows, multiple)
     if "clip_ids" in batch:
         ids = torch.from_numpy(batch["clip_ids"])
-        batch["clip_layout"] = ClipLayout.of(clip_block_mask(ids.reshape(-1, *ids.shape[-2:]), job.eot_id))
+        batch.update(locate({"clip_ids": ids.reshape(-1, *ids.shape[-2:])}, job.eot_id))
     return batch
 
 

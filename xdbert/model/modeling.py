@@ -295,11 +295,8 @@ class XDBertModel(nn.Module):
             out["match_correct"] = (logits.argmax(-1) == match_labels).sum().detach()
             total.append(out["match_loss"])
         if self.cliptc_head is not None and cliptc_labels is not None:
-            labels = cliptc_labels.reshape(clip.shape[0], -1)
-            if kept is not None:  # targets are real tokens, so none is at a dropped position
-                labels = labels[:, kept]
-            self._token_loss(out, "cliptc", self.cliptc_head, clip, labels, cliptc_positions, self.cliptc_classes,
-                             self.cliptc_class_of)
+            self._token_loss(out, "cliptc", self.cliptc_head, clip, _kept_labels(cliptc_labels, kept), cliptc_positions,
+                             self.cliptc_classes, self.cliptc_class_of)
             total.append(out["cliptc_loss"])
         if total:
             out["loss"] = torch.stack(total).sum()
@@ -344,11 +341,17 @@ def locate(batch: dict, eot_id: int) -> dict:
     if batch.get("clip_ids") is not None:
         layout = out["clip_layout"] = ClipLayout.of(clip_block_mask(batch["clip_ids"], eot_id))
         if batch.get("cliptc_labels") is not None:
-            labels = batch["cliptc_labels"].reshape(len(batch["clip_ids"]), -1)
-            out["cliptc_positions"] = target_positions(labels if layout.kept is None else labels[:, layout.kept])
+            out["cliptc_positions"] = target_positions(_kept_labels(batch["cliptc_labels"], layout.kept))
     if batch.get("mlm_labels") is not None:
         out["mlm_positions"] = target_positions(batch["mlm_labels"])
     return out
+
+
+def _kept_labels(cliptc_labels: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """CLIPTC labels (B, n_blocks, context) at the CLIP positions the cross layers see, (B, positions).
+    Targets are real tokens, so none is at a dropped position."""
+    labels = cliptc_labels.reshape(len(cliptc_labels), -1)
+    return labels if kept is None else labels[:, kept]
 
 
 def _count(n: int, device: torch.device) -> torch.Tensor:
