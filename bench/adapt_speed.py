@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+import xdbert  # noqa: F401  (first: it fixes the CPU kernels and threads before torch and numpy load)
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig, BertForMaskedLM

@@ -45,6 +45,7 @@ import time
 import warnings
 from pathlib import Path
 
+import xdbert  # noqa: F401  (first: it fixes the CPU kernels and threads before torch and numpy load)
 import numpy as np
 import torch
 from accelerate import PartialState

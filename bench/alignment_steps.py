@@ -38,10 +38,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import xdbert  # noqa: F401, E402  (first: it fixes the CPU kernels and threads before torch and numpy load)
+import torch  # noqa: E402
 
 from xdbert import io, params  # noqa: E402
 from xdbert.adaptation import masking  # noqa: E402

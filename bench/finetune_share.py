@@ -40,6 +40,7 @@ import time
 import warnings
 from pathlib import Path
 
+import xdbert  # noqa: F401  (first: it fixes the CPU kernels and threads before torch and numpy load)
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

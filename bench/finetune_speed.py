@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import xdbert  # noqa: F401  (first: it fixes the CPU kernels and threads before torch and numpy load)
 import pyarrow as pa
 import torch
 

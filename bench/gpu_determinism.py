@@ -25,6 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts; used only in deterministic mode
 
+import xdbert  # noqa: F401, E402  (first: it fixes the CPU kernels and threads before torch and numpy load)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 

@@ -1,14 +1,18 @@
 """Same commit, same bytes: the CPU kernel caps, no volatile data in outputs, and the cross-machine check.
 
 The cross-machine check runs a small deterministic workload through the pipeline's own code (the
-generated corpus, the WordPiece trainer, the encoder's pretraining stand-in, a finetuning run) and compares
-the hash of what it computed with the hash committed below. Every x86-64 machine must compute the same
+generated corpus, the WordPiece trainer, the encoder's pretraining stand-in, a finetuning run; and the
+float64 analyses: PWCCA in both conventions, the correlation metrics) and compares the hash of what it
+computed with the hash committed below. Every x86-64 machine must compute the same
 one. When it fails on a new CPU type, find what else decides the rounding there (xdbert/numerics.py) and
 fix that; do not change the hash.
 """
 import hashlib
 import json
+import os
 import platform
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -19,18 +23,39 @@ from xdbert.reports.header import header
 
 # sha256 of the workload below, computed on AMD EPYC family 26 (AVX-512) with the AVX2 caps and 2 threads.
 WORKLOAD_HASH = "b9ea01b117407b80dc2883c4f020138df45610a9bf643a7598d213931487fda9"
+# sha256 of the analysis workload below, computed on AMD EPYC family 25 (AVX-512) with OpenBLAS's Haswell
+# kernels. Its SkylakeX kernels, which this CPU gets by default, compute another hash.
+ANALYSIS_HASH = "0cf571632c06b0ceb50090034aaaba7a6e8e5919e7f942d7504f72e12879c058"
+X86_64 = platform.machine().lower() in ("x86_64", "amd64")
 
 
 def test_import_caps_cpu_kernels_at_avx2():
-    import os
+    import scipy.linalg  # noqa: F401  (loads scipy's own OpenBLAS)
+    from threadpoolctl import threadpool_info
 
     import xdbert  # noqa: F401  (applies the caps and thread counts)
 
-    for key, value in {**numerics.CPU_KERNEL_CAPS, **numerics.THREAD_COUNTS}.items():
+    for key, value in numerics.THREAD_COUNTS.items():
         assert os.environ[key] == value
     assert torch.get_num_threads() == numerics.THREADS  # conftest imports xdbert before torch
-    if platform.machine() in ("x86_64", "AMD64"):
+    if X86_64:
+        for key, value in numerics.CPU_KERNEL_CAPS.items():
+            assert os.environ[key] == value
         assert torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT")  # DEFAULT: a CPU without AVX2
+        blas = [lib for lib in threadpool_info() if lib["internal_api"] == "openblas"]
+        assert len(blas) >= 2  # numpy's and scipy's
+        assert {lib["architecture"] for lib in blas} == {"Haswell"}, blas
+
+
+@pytest.mark.skipif(not X86_64, reason="the caps are x86-64 instruction sets")
+def test_a_shell_that_exported_other_kernels_still_gets_the_caps():
+    """The caps are set, not defaulted: an exported OPENBLAS_CORETYPE or thread count would change bytes."""
+    env = {**os.environ, "OPENBLAS_CORETYPE": "Sandybridge", "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "3"}
+    code = ("import xdbert, numpy, torch; from threadpoolctl import threadpool_info; "
+            "print([l['architecture'] for l in threadpool_info() if l['internal_api'] == 'openblas'], "
+            "torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["['Haswell']", torch.backends.cpu.get_cpu_capability(), str(numerics.THREADS)], out
 
 
 def test_timings_go_to_the_run_log_not_the_metrics(tmp_path, monkeypatch):
@@ -94,6 +119,30 @@ def workload(tmp_path) -> dict[str, str]:
     return {"pretrained weights": weights.hexdigest(),
             "losses": hashlib.sha256(np.asarray(losses, dtype=np.float64).tobytes()).hexdigest(),
             "dev predictions": hashlib.sha256(predictions.tobytes()).hexdigest()}
+
+
+def analysis_workload() -> dict[str, str]:
+    """Table 2's PWCCA in both conventions and the correlation metrics, on fixed float64 inputs."""
+    from xdbert.analysis.pwcca import pwcca
+    from xdbert.data.tasks.metrics import compute_metrics
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 24))
+    y = np.tanh(x @ rng.normal(size=(24, 16))) + 0.5 * rng.normal(size=(400, 16))
+    values = [pwcca(x, y, convention=c).value for c in ("svcca", "whitened")]
+    labels = rng.uniform(0, 5, size=300)
+    values += compute_metrics("stsb", labels + rng.normal(size=300), labels).values()
+    return {"values": [repr(float(v)) for v in values],
+            "hash": hashlib.sha256(np.asarray(values, dtype=np.float64).tobytes()).hexdigest()}
+
+
+@pytest.mark.skipif(not X86_64, reason="the committed hash was computed with x86-64 kernels")
+def test_this_machine_computes_the_committed_analysis_bytes():
+    parts = analysis_workload()
+    assert parts["hash"] == ANALYSIS_HASH, (
+        f"this CPU computes other analysis bytes than the machine that committed ANALYSIS_HASH: "
+        f"{numerics.cpu_description()}; values {parts['values']}. Find what decides the rounding here "
+        "(xdbert/numerics.py); do not change the hash")
 
 
 def test_this_machine_computes_the_committed_bytes(tmp_path):

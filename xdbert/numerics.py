@@ -7,22 +7,30 @@ family 23 (AVX2). Capping all three at AVX2, which every x86-64 CPU of the last 
 write family 23's bytes, and cost no speed there (docs/notebook/embedded-profile.md). MKL's cap is
 `MKL_ENABLE_INSTRUCTIONS`; its `MKL_CBWR` reproducibility mode gave yet another result and is not used.
 
+numpy and scipy bring their own OpenBLAS, which picks its kernels by CPU model: on family 25 the SkylakeX
+ones, on family 23 the Zen ones (Haswell's), on a CPU it does not know a fallback chosen by features.
+Every float64 dot product and matrix product of the analyses and metrics (PWCCA's SVDs, Pearson's r) goes
+through it, and the last bits differ between those kernels. `OPENBLAS_CORETYPE=Haswell` is its AVX2 cap.
+
 The number of threads decides how a sum is split, so it changes the bytes too (the cross-machine check in
 tests/test_reproducibility.py gives three results for 1, 2 and 4 threads): every process computes with
 `THREADS` threads, whatever the machine has, and a finetuning run with one (xdbert.finetuning.grid).
 
 `import xdbert` applies all of this, so every stage, test and benchmark runs with it; torch reads the
 thread count when it is imported, so `xdbert` must be imported first. The values are set, not defaulted:
-a shell that exported others would change the bytes silently. Other CPU architectures ignore the caps.
+a shell that exported others would change the bytes silently. The caps are x86-64 instruction sets, so
+they are set on x86-64 only: an ARM OpenBLAS told to use Haswell's kernels would fall back to generic ones.
 """
 from __future__ import annotations
 
 import os
+import platform
 
 CPU_KERNEL_CAPS = {
     "ATEN_CPU_CAPABILITY": "avx2",      # torch's own vectorised kernels (softmax, GELU, LayerNorm, ...)
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # MKL's GEMMs (every Linear layer)
     "ONEDNN_MAX_CPU_ISA": "AVX2",       # oneDNN primitives
+    "OPENBLAS_CORETYPE": "Haswell",     # numpy's and scipy's BLAS and LAPACK (PWCCA, correlations)
 }
 THREADS = 2             # per process: the 2-core machines the embedded profile's dvc.lock was computed on
 FINETUNING_THREADS = 1  # per finetuning run: the grid runs several one-thread runs side by side
@@ -30,8 +38,10 @@ THREAD_COUNTS = {"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS
 
 
 def fix_cpu_numerics() -> None:
-    """Set the caps and thread counts in this process's environment; child processes inherit them."""
-    os.environ.update(CPU_KERNEL_CAPS)
+    """Set the caps (on x86-64) and thread counts in this process's environment; child processes inherit
+    them."""
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        os.environ.update(CPU_KERNEL_CAPS)
     os.environ.update(THREAD_COUNTS)
 
 
