@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 import xdbert  # noqa: F401  first: it fixes the CPU kernels and thread counts before anything imports torch
 
 # Tests never touch the network: any hub request must fail at once, not after retries.
@@ -12,3 +14,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # on a GPU when it sees one. GPU checks are run on purpose (the bench scripts on a GPU
 # machine), not by pytest.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models train fastest on one thread; two threads on a busy 2-core machine spin and crawl.
+    Modules that train them use it for all their tests: `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -37,20 +37,12 @@ from xdbert.model.saving import load_full, save_adapted, save_clip_tower
 from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")
 CLIP = "xdbert-tiny"
 EOT = 49407  # CLIP BPE's <|endoftext|>
 LOSSES = ["mlm", "match", "cliptc"]
 TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
              "max_position_embeddings": 64}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models train fastest on one thread; two threads on a busy 2-core machine spin and crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

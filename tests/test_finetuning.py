@@ -34,6 +34,8 @@ from xdbert.model.clip_tower import ClipLayout
 from xdbert.model.settings import family
 from xdbert.profiles import values
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ROOT = Path(__file__).resolve().parents[1]
 FILLER = "the a of to in on at with from river stone cloud table green small quiet early north paper".split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -101,15 +103,6 @@ def save_tiny_bert(directory: Path, layers: int = 2, hidden: int = 32) -> Path:
     BertModel(config).save_pretrained(directory)
     tok.save_pretrained(directory)
     return directory
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models train fastest on one thread; two threads on a busy 2-core machine spin and crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
