@@ -1,13 +1,14 @@
 """What the CPU kernel caps cost: embedded stages run with and without them, alternating, on one machine.
 
-`import xdbert` caps torch's, MKL's and oneDNN's kernels at AVX2 and fixes the thread counts
+`import xdbert` caps torch's, MKL's, oneDNN's and OpenBLAS's kernels at AVX2 and fixes the thread counts
 (xdbert/numerics.py), so every x86-64 CPU writes the same bytes. On an AVX-512 CPU that could cost
-speed. This copies the checkout's code, params and stage inputs (data/, models/) to a scratch folder,
-so nothing of the workspace is touched, and runs each stage script there `--rounds` times in each mode,
-alternating (capped, plain, plain, capped, ...), so drift in the machine's speed falls on both alike.
-"plain" puts back the environment the process started with right after `import xdbert`, before torch is
-imported, so torch, MKL and oneDNN pick their own kernels; the one thread of a finetuning run stays (it
-is code, not environment). The stages' outputs must be in place (`dvc repro` once).
+speed. This copies the checkout's code, params and stage inputs (data/, models/, results/, metrics/) to
+a scratch folder, so nothing of the workspace is touched, and runs each stage script there `--rounds`
+times in each mode, alternating (capped, plain, plain, capped, ...), so drift in the machine's speed
+falls on both alike. "plain" puts back the environment the process started with right after `import
+xdbert`, before torch is imported, so torch, MKL, oneDNN and OpenBLAS pick their own kernels; the one
+thread of a finetuning run stays (it is code, not environment). The stages' outputs must be in place
+(`dvc repro` once).
 `--stages all` runs the whole embedded `dvc repro`: every stage's own command, in the order DVC runs them
 (from `dvc repro --dry --force`), so the sum is the study's compute without DVC's hashing, which is the
 same in both modes.
@@ -86,7 +87,7 @@ def main() -> None:
     seconds: dict[str, dict[str, list[float]]] = {s: {"capped": [], "plain": []} for s in stages}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for name in ("stages", "xdbert", "data", "models", "params.yaml"):
+        for name in ("stages", "xdbert", "data", "models", "results", "metrics", "params.yaml"):
             src = ROOT / name
             shutil.copytree(src, work / name) if src.is_dir() else shutil.copy(src, work / name)
         for r in range(args.rounds):

@@ -496,7 +496,7 @@ def started_stage_runs(repo, tmp_path_factory):
     name -> (folder, variant, running process)."""
     other_tokenizer = tmp_path_factory.mktemp("other") / "tokenizer"
     train_wordpiece(["completely different words for another vocabulary"] * 5, 80, 64).save_pretrained(str(other_tokenizer))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     started = {}
     for name, (variant, changes, other, _) in ERRORS.items():
         cwd = stage_folder(tmp_path_factory.mktemp(name), repo, variant, changes, other_tokenizer if other else None)
@@ -589,7 +589,7 @@ def adapt_in_processes(repo: Path, root: Path, world: int) -> list[subprocess.Co
             folder.mkdir(parents=True)
             stage_folder(folder, repo, variant, changes)
             shutil.rmtree(folder / "models" / "adapted")  # no previous output: whatever appears was written here
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     if world > 1:  # what `accelerate launch` sets in each process it starts
         env.update(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "adapt_processes.py"), str(root), *VARIANTS],
