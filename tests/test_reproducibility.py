@@ -1,11 +1,10 @@
 """Same commit, same bytes: the CPU kernel caps, no volatile data in outputs, and the cross-machine check.
 
-The cross-machine check runs a small deterministic workload through the pipeline's own code (the
-generated corpus, the WordPiece trainer, the encoder's pretraining stand-in, a finetuning run; and the
-float64 analyses: PWCCA in both conventions, the correlation metrics) and compares the hash of what it
-computed with the hash committed below. Every x86-64 machine must compute the same
-one. When it fails on a new CPU type, find what else decides the rounding there (xdbert/numerics.py) and
-fix that; do not change the hash.
+The cross-machine check runs a small deterministic workload through the pipeline's own code (the generated
+corpus, the WordPiece trainer, the encoder's pretraining stand-in, a finetuning run; and the float64
+analyses: PWCCA in both conventions, the correlation metrics) and compares the hashes of what it computed
+with those committed below. Every x86-64 machine must compute the same ones. When it fails on a new CPU
+type, find what else decides the rounding there (xdbert/numerics.py) and fix that; do not change the hash.
 """
 import hashlib
 import json
