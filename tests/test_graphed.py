@@ -8,12 +8,14 @@ import dataclasses
 import pytest
 import torch
 
-from test_finetuning import bert_dir, keyword_tables, one_thread, settings  # noqa: F401 (fixtures)
+from test_finetuning import bert_dir, keyword_tables, settings  # noqa: F401 (fixtures)
 from xdbert import training
 from xdbert.data.tasks.registry import get_task
 from xdbert.finetuning import graphed
 from xdbert.finetuning.job import prepare
 from xdbert.finetuning.stacked import train_group
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def result_bytes(r: dict) -> tuple:

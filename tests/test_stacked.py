@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import BertConfig
 
-from test_finetuning import bert_dir, keyword_tables, one_thread, save_tiny_bert, settings  # noqa: F401 (fixtures)
+from test_finetuning import bert_dir, keyword_tables, save_tiny_bert, settings  # noqa: F401 (fixtures)
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
 from xdbert.finetuning import grid
@@ -18,6 +18,8 @@ from xdbert.finetuning.results import summarize
 from xdbert.finetuning.settings import FinetuneSettings
 from xdbert.finetuning.stacked import clip_per_seed, stack_batches, train_stack
 from xdbert.profiles import values
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
