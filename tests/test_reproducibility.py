@@ -9,7 +9,6 @@ type, find what else decides the rounding there (xdbert/numerics.py) and fix tha
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 
@@ -25,7 +24,6 @@ WORKLOAD_HASH = "b9ea01b117407b80dc2883c4f020138df45610a9bf643a7598d213931487fda
 # sha256 of the analysis workload below, computed on AMD EPYC family 25 (AVX-512) with OpenBLAS's Haswell
 # kernels. Its SkylakeX kernels, which this CPU gets by default, compute another hash.
 ANALYSIS_HASH = "0cf571632c06b0ceb50090034aaaba7a6e8e5919e7f942d7504f72e12879c058"
-X86_64 = platform.machine().lower() in ("x86_64", "amd64")
 
 
 def test_import_caps_cpu_kernels_at_avx2():
@@ -37,7 +35,7 @@ def test_import_caps_cpu_kernels_at_avx2():
     for key, value in numerics.THREAD_COUNTS.items():
         assert os.environ[key] == value
     assert torch.get_num_threads() == numerics.THREADS  # conftest imports xdbert before torch
-    if X86_64:
+    if numerics.X86_64:
         for key, value in numerics.CPU_KERNEL_CAPS.items():
             assert os.environ[key] == value
         assert torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT")  # DEFAULT: a CPU without AVX2
@@ -46,7 +44,7 @@ def test_import_caps_cpu_kernels_at_avx2():
         assert {lib["architecture"] for lib in blas} == {"Haswell"}, blas
 
 
-@pytest.mark.skipif(not X86_64, reason="the caps are x86-64 instruction sets")
+@pytest.mark.skipif(not numerics.X86_64, reason="the caps are x86-64 instruction sets")
 def test_a_shell_that_exported_other_kernels_still_gets_the_caps():
     """The caps are set, not defaulted: an exported OPENBLAS_CORETYPE or thread count would change bytes."""
     env = {**os.environ, "OPENBLAS_CORETYPE": "Sandybridge", "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "3"}
@@ -135,7 +133,7 @@ def analysis_workload() -> dict[str, str]:
             "hash": hashlib.sha256(np.asarray(values, dtype=np.float64).tobytes()).hexdigest()}
 
 
-@pytest.mark.skipif(not X86_64, reason="the committed hash was computed with x86-64 kernels")
+@pytest.mark.skipif(not numerics.X86_64, reason="the committed hash was computed with x86-64 kernels")
 def test_this_machine_computes_the_committed_analysis_bytes():
     parts = analysis_workload()
     assert parts["hash"] == ANALYSIS_HASH, (

@@ -32,6 +32,7 @@ CPU_KERNEL_CAPS = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",       # oneDNN primitives
     "OPENBLAS_CORETYPE": "Haswell",     # numpy's and scipy's BLAS and LAPACK (PWCCA, correlations)
 }
+X86_64 = platform.machine().lower() in ("x86_64", "amd64")  # where the caps mean something
 THREADS = 2             # per process: the 2-core machines the embedded profile's dvc.lock was computed on
 FINETUNING_THREADS = 1  # per finetuning run: the grid runs several one-thread runs side by side
 THREAD_COUNTS = {"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
@@ -40,7 +41,7 @@ THREAD_COUNTS = {"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS
 def fix_cpu_numerics() -> None:
     """Set the caps (on x86-64) and thread counts in this process's environment; child processes inherit
     them."""
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    if X86_64:
         os.environ.update(CPU_KERNEL_CAPS)
     os.environ.update(THREAD_COUNTS)
 
