@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from test_finetuning import bert_dir, keyword_tables, settings  # noqa: F401 (fixtures)
 from xdbert import training
@@ -115,3 +116,43 @@ def test_replayed_steps_train_as_eager_ones(bert_dir, monkeypatch, group):
         assert b["first_epoch_loss"] == pytest.approx(a["first_epoch_loss"], rel=1e-5)
         assert b["last_epoch_loss"] == pytest.approx(a["last_epoch_loss"], rel=1e-4)
         assert b["metrics"]["dev"]["accuracy"] == pytest.approx(a["metrics"]["dev"]["accuracy"], abs=0.05)
+
+
+class HostTraffic(TorchDispatchMode):
+    """Notes every operation that a CUDA graph cannot record: a tensor built from host values
+    (`torch.tensor(x, device=...)`, a copy to the GPU) and a tensor's value read on the host (`.item()`,
+    `bool(t)`, a wait for the GPU)."""
+    HOST_OPS = ("aten.lift_fresh", "aten._local_scalar_dense")
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(self.HOST_OPS):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("group", [(0,), (0, 1)], ids=["alone", "stacked"])
+@pytest.mark.parametrize("task", ["sst2", "swag"])
+def test_a_recorded_step_moves_nothing_between_host_and_device(bert_dir, monkeypatch, group, task):
+    """A step is recorded as it runs: the recording runs it here on the CPU, and no operation of it may
+    need the host. transformers' eager attention mask did before 5.21 (a scalar copied to the GPU), which
+    stopped the first GPU run of a recorded stack (bench/results/h200)."""
+    traffic = HostTraffic()
+
+    def recorded(self, batch):
+        inputs = {name: t.clone() for name, t in batch.items()}
+        with traffic:
+            loss = self.step(inputs)
+        return StandInGraph(self.step, inputs, loss), inputs, loss
+
+    monkeypatch.setattr(graphed, "records", lambda setting, device, precision: setting)
+    monkeypatch.setattr(graphed.torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(graphed.torch.cuda, "Stream", lambda: None)
+    monkeypatch.setattr(graphed.GraphedStep, "_eager_step", lambda self, batch: self.step(batch))
+    monkeypatch.setattr(graphed.GraphedStep, "_recorded", recorded)
+    s = dataclasses.replace(settings(get_task(task), epochs=1, stack=len(group)), cuda_graph=True)
+    train_group(prepare("encoder", bert_dir, keyword_tables(task, 64, 32), s), group)
+    assert traffic.seen == []

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.masking_utils import sdpa_mask
 
 from xdbert import training
 from xdbert.data.tasks.metrics import compute_metrics
@@ -45,6 +47,29 @@ from xdbert.finetuning.rates import parameter_groups
 # lengths are rounded up to buckets of 32 tokens (4 graphs up to 128) and batches filled to full size.
 LENGTH_BUCKET = 32
 Group = tuple[int, ...]  # seeds trained together (`finetune.stack` of them, the last group maybe fewer)
+STACKED_ATTENTION = "xdbert_stacked"  # the attention implementation a stack's template runs
+
+
+def matmul_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                     **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention as two matrix products and a softmax, the scores transformers' `eager` attention computes,
+    registered for stacked models. SDPA's fused kernels have no batching rule of their own under vmap, and
+    compiled for a GPU, the memory-efficient kernel's backward rejects the layout vmap gives its log-sum-exp
+    ("LSE is not correctly aligned", bench/results/h200). The mask is SDPA's boolean one (True: attend):
+    transformers' own `eager` mask, before 5.21, copied a host scalar to the GPU, which a CUDA graph cannot
+    record (bench/results/h200), where filling the masked scores with the lowest value gives the same
+    softmax as adding it."""
+    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    weights = nn.functional.dropout(scores.softmax(-1), p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+AttentionInterface.register(STACKED_ATTENTION, matmul_attention)
+AttentionMaskInterface.register(STACKED_ATTENTION, sdpa_mask)
 
 
 class StackedModel(nn.Module):
@@ -67,10 +92,7 @@ class StackedModel(nn.Module):
         for i, name in enumerate(self.buffer_names):
             self.register_buffer(f"buffer_{i}", buffers[name], persistent=False)
         template = copy.deepcopy(models[0])
-        # Attention as plain matrix products and a softmax: SDPA's fused kernels have no batching rule
-        # of their own under vmap, and compiled for a GPU, the memory-efficient kernel's backward rejects
-        # the layout vmap gives its log-sum-exp ("LSE is not correctly aligned", bench/results/h200).
-        template.model.set_attn_implementation("eager")
+        template.model.set_attn_implementation(STACKED_ATTENTION)
         # not a submodule: its meta tensors must not show up among this module's parameters
         self.__dict__["template"] = template.to("meta")
         self.k = len(models)
