@@ -7,10 +7,10 @@
 # The machine has torch, transformers, accelerate, pyarrow and timm, but not open_clip or ruamel.yaml: put
 # those wheels in .whl/ first, for the machine's Python 3.12, and carry .whl (about 5 MB):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl open_clip_torch==3.3.0 timm==1.0.31 ftfy wcwidth ruamel.yaml
-# To time a change against the code before it on the same machine, unpack the older commit into an ignored
-# folder and carry it too: this checkout's bench first times BERT-b's XDBERT with that commit's package
-# (run "reference"):
-#   mkdir .ref && git archive COMMIT xdbert | tar -x -C .ref && REF=.ref bash bench/gpu_adapt.sh
+# To time a change against the code before it on the same machine, unpack the older commit's package and
+# benchmarks into an ignored folder and carry it too: its bench first times BERT-b's XDBERT with its
+# package (run "reference"; this checkout's bench may import what the older package lacks):
+#   mkdir .ref && git archive COMMIT xdbert bench | tar -x -C .ref && REF=.ref bash bench/gpu_adapt.sh
 #
 #   bash bench/gpu_adapt.sh [STEPS]
 # Results land in bench/results/gpu/, and as one archive in $OUT when $OUT is set (the device tool brings
@@ -33,7 +33,7 @@ run() {  # name, time limit, command...
 }
 # 0. the reference: BERT-b's XDBERT with the older package first on the path
 if [ -n "${REF:-}" ]; then
-    run reference 60 env PYTHONPATH="$REF:$PYTHONPATH" python3 bench/adapt_stage_speed.py --families bert-b --variants xdbert
+    run reference 60 env PYTHONPATH="$REF:$PYTHONPATH" python3 "$REF/bench/adapt_stage_speed.py" --families bert-b --variants xdbert
 fi
 # 0b. with SYNC_DEBUG=1: every line of the stage's code that makes the host wait for the GPU, named once
 [ -z "${SYNC_DEBUG:-}" ] || run syncs 60 python3 bench/adapt_stage_speed.py --families bert-b --variants xdbert --sync-debug

@@ -9,15 +9,17 @@
 #   bash bench/gpu_finetune.sh TASK EPOCHS LR TRAIN
 # The defaults (rte 3 5e-5 6000) are the RTE stand-in's pairs, about 33 real tokens each, GLUE-like (the
 # SST-2 stand-in's 12 understate a step's work). A tiny random BERT learns them on the CPU (dev accuracy
-# 0.752, chance 0.5: finetune_share.py --size tiny --task rte --train 3000 --epochs 3 --lr 1e-3);
-# BERT-base is untried on them. `sst2 2 5e-5 6000` is the earlier leases' set, which BERT-base learns (0.955).
-# Steps (STEPS="1 2 3 5" by default, about 470 s): 1 checks that a step recorded as one CUDA graph
-# (finetune.cuda_graph) trains as the eager step does; 2 one compiled run recorded so; 3 eight seeds
-# stacked into one model, eager kernels, recorded so; 5 the same stack unrecorded (3's reference). A
-# second call on the warm machine: STEPS="4 7" (4: one run with torch.compile's own CUDA graphs, the
-# pipeline's default and 2's reference; 7: two processes of step 3, 16 runs), or STEPS=6 (the stack
-# compiled and recorded). MORE=1 adds the unstacked path's profile and RUNS (default 8) processes taking
-# turns, then under MPS; TRAINER=1 adds the comparison with the transformers Trainer.
+# 0.752, chance 0.5: finetune_share.py --size tiny --task rte --train 3000 --epochs 3 --lr 1e-3), and a
+# random BERT-base on an H200 (0.757). `sst2 2 5e-5 6000` is the earlier leases' set (BERT-base: 0.955).
+# Steps (STEPS="3 4 8" by default, about 400 s): 3 eight seeds stacked into one model, eager kernels, each
+# step recorded as one CUDA graph (finetune.cuda_graph); 4 one run with torch.compile's own CUDA graphs
+# (the reference the recorded run of step 2 was compared with on another lease); 8 four compiled recorded
+# runs taking turns under MPS (CUDA's multi-process service: their kernels run side by side). Step 1
+# checks that a recorded step trains as the eager step does, step 2 times one compiled recorded run
+# (both measured 2026-11-27, bench/results/h200); 5 is step 3 unrecorded (over 100 s there), 6 the stack
+# compiled and recorded, 7 two processes of step 3 (16 runs). MORE=1 adds the unstacked path's profile and
+# RUNS (default 8) compiled processes taking turns, then under MPS; TRAINER=1 adds the comparison with
+# the transformers Trainer.
 # Results and the whole log land in bench/results/gpu/, and as one archive in $OUT when $OUT is set,
 # beside the compile cache (compile-cache.tgz: put it in the checkout as .compile-cache.tgz and carry it
 # to skip the next lease's cold compile; bench/gpu_env.sh unpacks it).
@@ -36,14 +38,33 @@ timed() {  # limit, then a python script and its arguments: one step, logged, it
     return $status
 }
 share() { local limit=$1; shift; timed "$limit" bench/finetune_share.py "${common[@]}" "$@"; }
-want() { [[ " ${STEPS:-1 2 3 5} " == *" $1 "* ]]; }  # STEPS: which numbered steps to run
+# runs a command with CUDA's multi-process service (MPS) started for it, so that several processes' kernels
+# share the GPU's units at once; without a control daemon on the machine, says so and runs nothing
+under_mps() {
+    if ! command -v nvidia-cuda-mps-control >/dev/null; then
+        echo "no nvidia-cuda-mps-control on this machine: MPS not measured" | tee -a "$out/log.txt"
+        return 1
+    fi
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    local status=1
+    if nvidia-cuda-mps-control -d; then
+        "$@"
+        status=$?
+        echo quit | nvidia-cuda-mps-control
+        cp "$CUDA_MPS_LOG_DIRECTORY/control.log" "$out/mps_control.log" 2>/dev/null
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    return $status
+}
+want() { [[ " ${STEPS:-3 4 8} " == *" $1 "* ]]; }  # STEPS: which numbered steps to run
 # 1. one seed eagerly and with each step recorded as one CUDA graph, on the same seed: the losses and dev
 #    predictions should agree (and the seed trained twice, by default and in deterministic mode)
 #    If it fails, the recorded steps (2, 3) are skipped and step 4 runs instead: the lease's time goes to
 #    what can still be measured, and the log says why the recording failed
 recorded=1
 if want 1 && ! timed 120 bench/gpu_determinism.py --size base --train 2000 --out "$out"; then
-    recorded= STEPS="${STEPS:-1 2 3 5} 4"
+    recorded= STEPS="${STEPS:-3 4 8} 4"
     echo "step 1 failed: steps 2 and 3 skipped, step 4 added" | tee -a "$out/log.txt"
 fi
 # 2. one compiled run, each step one CUDA graph holding the compiled kernels: no host work between them
@@ -61,6 +82,9 @@ want 5 && share 100 --runs 1 --stack 8 --seeds 8 --name share_stack8_eager
 want 6 && TORCH_LOGS=recompiles share 270 --compile --cuda-graph --runs 1 --stack 8 --seeds 8 --name share_stack8_graph_compiled
 # 7. two processes of step 3's stack, 16 runs on the GPU
 want 7 && share 120 --cuda-graph --runs 2 --stack 8 --seeds 8 --name share_stack8_graph_runs2
+# 8. four compiled runs, each step recorded, taking turns under MPS: recorded, one run keeps the GPU busy
+#    (2 and 4 runs without MPS: 1.05x and 1.08x its rate), so more runs pay only if their kernels overlap
+want 8 && under_mps share 150 --compile --cuda-graph --runs 4 --name share_graph_4_mps
 # MORE=1: the unstacked path's diagnosis, for a lease with time to spare
 if [ -n "${MORE:-}" ]; then
     # where a step goes: kernels by GPU time, host calls by CPU time, each operation that makes the host
@@ -70,21 +94,8 @@ if [ -n "${MORE:-}" ]; then
     # several runs taking turns on the GPU, each compiling with one Inductor thread (8 processes, each with a
     # pool of one compile thread per core, did not warm up within 130 s of a cold machine)
     TORCHINDUCTOR_COMPILE_THREADS=1 share 150 --compile --runs "${RUNS:-8}" --name share_runs
-    # the same under MPS (CUDA's multi-process service): without it the GPU runs one process's kernels at a
-    # time; with it, several processes' kernels run side by side. Skipped without an MPS control daemon.
-    if command -v nvidia-cuda-mps-control >/dev/null; then
-        export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-        if nvidia-cuda-mps-control -d; then
-            TORCHINDUCTOR_COMPILE_THREADS=1 share 150 --compile --runs "${RUNS:-8}" --name share_runs_mps
-            echo quit | nvidia-cuda-mps-control
-            cp "$CUDA_MPS_LOG_DIRECTORY/control.log" "$out/mps_control.log" 2>/dev/null
-        fi
-        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-        pack
-    else
-        echo "no nvidia-cuda-mps-control on this machine: MPS not measured" | tee -a "$out/log.txt"
-    fi
+    # the same under MPS: without it the GPU runs one process's kernels at a time
+    TORCHINDUCTOR_COMPILE_THREADS=1 under_mps share 150 --compile --runs "${RUNS:-8}" --name share_runs_mps
 fi
 # one run against the transformers Trainer (run_glue.py's recipe), both eager
 if [ -n "${TRAINER:-}" ]; then
