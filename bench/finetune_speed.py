@@ -24,6 +24,7 @@ gains), times the GLUE/SWAG/READ training sizes, 3 epochs and 5 seeds (9 for RTE
 stage has run, else it is generated here with the tasks library (same sizes as params.yaml).
 
     python bench/finetune_speed.py [--task rte] [--size tiny|base] [--epochs 5] [--lr 1e-3] [--threads 1] [--compile]
+                                   [--cuda-graph]
 
 Writes bench/results/finetune_speed.md and .json.
 """
@@ -100,7 +101,7 @@ def build_bert(directory: Path, tables: dict, spec, size: str) -> None:
 def run_pipeline(model_dir: Path, spec, tables: dict, args) -> dict:
     settings = finetune_settings(spec, args.lr, epochs=args.epochs, batch_size=args.batch_size, max_len=128,
                                  warmup_ratio=0.1, weight_decay=0.01, precision="auto", compile=args.compile,
-                                 length_group=args.length_group)
+                                 cuda_graph=args.cuda_graph, length_group=args.length_group)
     t0 = time.time()
     job = prepare("encoder", model_dir, tables, settings)
     tokenize_seconds = time.time() - t0
@@ -163,7 +164,8 @@ def project_grid(spec, tables: dict, args, work: Path) -> dict:
             texts = [" ".join([t] * 40) for t in long.column(column).to_pylist()]  # truncated at 128 tokens
             long = long.set_column(long.column_names.index(column), column, pa.array(texts))
     settings = finetune_settings(spec, 1e-5, epochs=1, batch_size=32, max_len=128, warmup_ratio=0.1,
-                                 weight_decay=0.01, precision="auto", compile=args.compile, length_group=50)
+                                 weight_decay=0.01, precision="auto", compile=args.compile, cuda_graph=args.cuda_graph,
+                                 length_group=50)
     rates = {}
     for size in ("base", "large"):
         build_bert(work / size, tables, spec, size)
@@ -187,6 +189,8 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=None, help="generate this many training examples (default: data/tasks)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true", help="torch.compile both sides (finetune.compile; the Trainer's torch_compile)")
+    ap.add_argument("--cuda-graph", action="store_true", help="the pipeline records each step as one CUDA graph "
+                    "(finetune.cuda_graph, GPU only; the Trainer has no such setting)")
     ap.add_argument("--length-group", type=int, default=None,
                     help="batches per length-sorted mega-batch (default: finetune.length_group in params.yaml)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of both; the pipeline's workers use 1 each on a CPU")
@@ -229,7 +233,7 @@ def main() -> None:
         "task": args.task, "data": source, "train_examples": n_train, "dev_examples": tables[spec.dev_splits[0]].num_rows,
         "epochs": args.epochs, "batch_size": args.batch_size, "length_group": args.length_group, "lr": args.lr, "seed": args.seed, "threads": args.threads,
         "model": f"random BERT {args.size} ({SIZES[args.size]['num_hidden_layers']} layers x {SIZES[args.size]['hidden_size']}), WordPiece 4000",
-        "metric": spec.metric, "device": device, "compiled": args.compile, "pipeline": ours, "trainer": ref, "speedup": ratio,
+        "metric": spec.metric, "device": device, "compiled": args.compile, "cuda_graph": args.cuda_graph, "pipeline": ours, "trainer": ref, "speedup": ratio,
         "first_runs": {"pipeline": ours_runs[0], "trainer": ref_runs[0], "speedup": first_ratio} if gpu else None,
         "table1_projection": grid, "load_average_1min": load,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
@@ -248,7 +252,7 @@ def main() -> None:
 
 Task `{args.task}` ({source}): {n_train} training / {result['dev_examples']} dev examples; {result['model']};
 {args.epochs} epochs, batch {args.batch_size}, lr {args.lr}, warmup 0.1, weight decay 0.01, seed {args.seed},
-{args.threads} torch threads, {device}{', torch.compile (both)' if args.compile else ''} ({result['machine']}; 1-minute load average at the end {load:.2f}).
+{args.threads} torch threads, {device}{', torch.compile (both)' if args.compile else ''}{', the pipeline recording each step as one CUDA graph' if args.cuda_graph else ''} ({result['machine']}; 1-minute load average at the end {load:.2f}).
 
 | | train examples/s | train s | eval s | tokenize s | dev {spec.metric} |
 | --- | --- | --- | --- | --- | --- |

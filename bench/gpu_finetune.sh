@@ -19,7 +19,7 @@
 # (both measured 2026-11-27, bench/results/h200); 5 is step 3 unrecorded (over 100 s there), 6 the stack
 # compiled and recorded, 7 two processes of step 3 (16 runs). MORE=1 adds the unstacked path's profile and
 # RUNS (default 8) compiled processes taking turns, then under MPS; TRAINER=1 adds the comparison with
-# the transformers Trainer.
+# the transformers Trainer (both compiled, the pipeline recorded).
 # Results and the whole log land in bench/results/gpu/, and as one archive in $OUT when $OUT is set,
 # beside the compile cache (compile-cache.tgz: put it in the checkout as .compile-cache.tgz and carry it
 # to skip the next lease's cold compile; bench/gpu_env.sh unpacks it).
@@ -98,10 +98,11 @@ if [ -n "${MORE:-}" ]; then
     # the same under MPS: without it the GPU runs one process's kernels at a time
     TORCHINDUCTOR_COMPILE_THREADS=1 under_mps share 150 --compile --runs "${RUNS:-8}" --name share_runs_mps
 fi
-# one run against the transformers Trainer (run_glue.py's recipe), both eager
+# one run against the transformers Trainer (run_glue.py's recipe), both compiled, the pipeline's steps
+# recorded: what the paper profile runs on a GPU
 if [ -n "${TRAINER:-}" ]; then
-    timeout 150 python3 bench/finetune_speed.py --size base --task "$task" --epochs "$epochs" --lr "$lr" \
-        --train "$train" --no-projection --out "$out" >>"$out/log.txt" 2>&1
+    timeout 200 python3 bench/finetune_speed.py --size base --task "$task" --epochs "$epochs" --lr "$lr" \
+        --train "$train" --compile --cuda-graph --no-projection --out "$out" >>"$out/log.txt" 2>&1
     pack
 fi
 save_compile_cache
