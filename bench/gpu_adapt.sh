@@ -17,7 +17,8 @@
 # back at most 8 files), beside the compile cache (compile-cache.tgz; bench/gpu_env.sh says how it is
 # carried back). Narrower calls: EAGER_ARGS (default "--variants all") picks step 1's runs, SKIP_DDP=1 and
 # SKIP_COMPILED=1 leave out steps 2 and 3, COMPILED_VARIANTS (default xdbert,baseline) picks step 3's,
-# SYNC_DEBUG=1 adds a run that names every line where the host waits for the GPU (step 0b).
+# SYNC_DEBUG=1 adds a run that names every line where the host waits for the GPU (step 0b), COMPILED_ARGS
+# adds arguments to step 3 (e.g. "--micro-batch 128").
 # For example, BERT-b's XDBERT alone, eager and compiled, beside the older commit (about 300 s):
 #   REF=.ref EAGER_ARGS="--families bert-b --variants xdbert" SKIP_DDP=1 COMPILED_VARIANTS=xdbert bash bench/gpu_adapt.sh
 set -u
@@ -45,5 +46,5 @@ run eager ${EAGER_LIMIT:-350} python3 bench/adapt_stage_speed.py ${EAGER_ARGS:--
 # break and recompile: the forward is meant to trace as one graph (tests/test_modeling.py checks it on
 # the CPU, with this machine's torch and transformers it may differ).
 [ -n "${SKIP_COMPILED:-}" ] || run compiled ${COMPILED_LIMIT:-150} env TORCH_LOGS=graph_breaks,recompiles \
-    python3 bench/adapt_stage_speed.py --families bert-b --variants ${COMPILED_VARIANTS:-xdbert,baseline} --compile
+    python3 bench/adapt_stage_speed.py --families bert-b --variants ${COMPILED_VARIANTS:-xdbert,baseline} --compile ${COMPILED_ARGS:-}
 save_compile_cache
