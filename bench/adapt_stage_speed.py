@@ -18,7 +18,8 @@ for compiling), model FLOPs per step (torch's FlopCounterMode on one micro-batch
 MFU against the GPU's dense bf16 peak, peak GPU memory, one wiki103 epoch (204,800 windows: the paper's
 ~800 steps of 256) in minutes, and the variant's whole adaptation (its epochs) in GPU-hours. Then a cost
 table of the whole paper run per family: its adaptations plus its finetuning grid, the grid costed from a
-measured finetuning MFU (`--finetune-mfu`, bench/finetune_share.py's) at 6 x parameters FLOPs per token.
+measured finetuning MFU (`--finetune-mfu`, bench/finetune_share.py's; `--full-mfu` for the `full` runs) at
+6 x parameters FLOPs per token.
 
 Run it as the stage runs on a one-GPU machine, or under DDP with one process:
 
@@ -209,8 +210,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=None, help="windows per step (default: the profile's)")
     ap.add_argument("--micro-batch", type=int, default=None, help="windows per forward pass (default: the profile's)")
     ap.add_argument("--compile", action="store_true", help="adapt.compile: torch.compile the training steps")
-    ap.add_argument("--finetune-mfu", type=float, default=0.038, help="the finetuning grid's MFU (measured: 0.038, "
-                    "8 BERT-base runs sharing an H200 with CUDA graphs, bench/results/h200)")
+    ap.add_argument("--finetune-mfu", type=float, default=0.091, help="the grid's MFU for encoder and CLIP-T runs "
+                    "(measured: 0.091, one compiled BERT-base run, each step recorded, on an H200, bench/results/h200)")
+    ap.add_argument("--full-mfu", type=float, default=0.038, help="the grid's MFU for `full` runs, which are not "
+                    "recorded and were never timed on a GPU (default: 0.038, the grid's rate before recording)")
     ap.add_argument("--tokens-per-example", type=float, default=38.0, help="real tokens of a GLUE-like example")
     ap.add_argument("--finetune-only", action="store_true", help="no adaptation steps: build each model and write "
                     "the finetuning grid's projection alone (runs on a CPU)")
@@ -253,6 +256,11 @@ def same_step(p: dict, family: str, variant: str, rows: list[dict]) -> dict | No
     return None
 
 
+def mfu(args, kind: str) -> float:
+    """The finetuning MFU a run of `kind` is costed at: `full` runs are not recorded (`finetune.cuda_graph`)."""
+    return args.full_mfu if kind == "full" else args.finetune_mfu
+
+
 def write(args, p: dict, rows: list[dict]) -> None:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if gpu and k in gpu), PEAK_BF16_TFLOPS["H100"])
@@ -262,14 +270,17 @@ def write(args, p: dict, rows: list[dict]) -> None:
     for family in families:
         mine = [r for r in rows if r["family"] == family]
         sizes = next((r for r in mine if r["variant"] == P.PROPOSED), mine[0])["matmul_parameters"]
-        grid = sum(6 * sizes[kind] * n for kind, n in tokens.get(family, {}).items()) / (args.finetune_mfu * peak * 1e12)
+        kinds = tokens.get(family, {})
+        hours = {kind: 6 * sizes[kind] * n / (mfu(args, kind) * peak * 1e12) / 3600 for kind, n in kinds.items()}
         timed = not args.finetune_only
-        cost.append({"family": family, "adaptations": len(mine) if timed else None, "finetune_gpu_hours": grid / 3600,
+        cost.append({"family": family, "adaptations": len(mine) if timed else None,
+                     "finetune_gpu_hours": sum(hours.values()), "finetune_gpu_hours_by_kind": hours,
+                     "finetune_tokens_by_kind": kinds, "matmul_parameters": sizes,
                      "adapt_gpu_hours": sum(r["adaptation_gpu_hours"] for r in mine) if timed else None})
     launcher = ["torchrun", "--nproc_per_node", os.environ["WORLD_SIZE"]] if "LOCAL_RANK" in os.environ else ["python"]
     result = {"command": shlex.join([*launcher, *sys.argv]), "device": gpu or "cpu", "torch": torch.__version__,
               "machine": f"{platform.processor() or platform.machine()}", "sizes": args.sizes, "rows": rows, "cost": cost,
-              "finetune_mfu": args.finetune_mfu, "tokens_per_example": args.tokens_per_example, "peak_tflops": peak}
+              "finetune_mfu": args.finetune_mfu, "full_mfu": args.full_mfu, "tokens_per_example": args.tokens_per_example, "peak_tflops": peak}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "adapt_stage_speed.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     pct = lambda v: f"{v:.1%}" if v is not None else "n/a (CPU)"
@@ -293,13 +304,16 @@ def write(args, p: dict, rows: list[dict]) -> None:
     lines += ["", f"## The whole paper run per family, GPU-hours ({gpu or 'projected for an H100'})", "",
               f"{adapt_line} Finetuning: the paper profile's grid (every run, seed and epoch over the real training sizes, "
               f"{args.tokens_per_example:g} real tokens an example) at 6 FLOPs per multiplying parameter and token, "
-              f"{args.finetune_mfu:.1%} MFU of {peak:g} TFLOP/s (`--finetune-mfu`: the measured grid rate); a `full` "
-              f"run counts the whole cross-modal model per token. CLIP-T's runs are not in a family.", "",
-              "| family | adaptations | adaptation GPU-hours | finetuning GPU-hours | total |", "| --- | --- | --- | --- | --- |"]
+              f"{args.finetune_mfu:.1%} MFU of {peak:g} TFLOP/s for encoder runs (`--finetune-mfu`: the measured recorded "
+              f"rate) and {args.full_mfu:.1%} for `full` runs (`--full-mfu`), which count the whole cross-modal model per "
+              f"token. CLIP-T's runs are not in a family.", "",
+              "| family | adaptations | adaptation GPU-hours | finetuning: encoder runs | finetuning: `full` runs | total |",
+              "|" + " --- |" * 6]
     for c in cost:
-        a, f = c["adapt_gpu_hours"], c["finetune_gpu_hours"]
+        a, f, by_kind = c["adapt_gpu_hours"], c["finetune_gpu_hours"], c["finetune_gpu_hours_by_kind"]
         total = "-" if a is None else f"{a + f:.1f}"
-        lines.append(f"| {c['family']} | {c['adaptations'] or '-'} | {'-' if a is None else f'{a:.2f}'} | {f:.1f} | {total} |")
+        lines.append(f"| {c['family']} | {c['adaptations'] or '-'} | {'-' if a is None else f'{a:.2f}'} | "
+                     f"{by_kind.get('encoder', 0.0):.2f} | {by_kind.get('full', 0.0):.2f} | {total} |")
     md = "\n".join(lines) + "\n"
     (args.out / "adapt_stage_speed.md").write_text(md, encoding="utf-8")
     print(md)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 ABSENT = ("ray", "dvc", "dvclive", "datasets")
 
@@ -33,12 +35,20 @@ def test_the_gpu_scripts_parse():
 
 
 def test_the_adapt_cost_table_is_written_without_ray_dvc_or_datasets(tmp_path):
+    """The finetuning cost of a family, each kind of run at its own MFU: encoder runs at the recorded rate,
+    `full` runs (never recorded) at theirs. 6 FLOPs per multiplying parameter and real token."""
     argv = ["adapt_stage_speed.py", "--sizes", "tiny", "--finetune-only", "--families", "bert-b",
-            "--variants", "xdbert", "--out", str(tmp_path)]
+            "--variants", "xdbert", "--finetune-mfu", "0.1", "--full-mfu", "0.04", "--out", str(tmp_path)]
     done = run_without_absent(f"import runpy\nsys.argv = {argv!r}\nrunpy.run_path('bench/adapt_stage_speed.py', run_name='__main__')")
     assert done.returncode == 0, done.stderr[-2000:]
     table = (tmp_path / "adapt_stage_speed.md").read_text(encoding="utf-8")
-    assert "| bert-b | - | - |" in table  # the finetuning column alone, for the family asked
+    assert "| bert-b | - | - |" in table  # the finetuning columns alone, for the family asked
+    result = json.loads((tmp_path / "adapt_stage_speed.json").read_text(encoding="utf-8"))
+    (cost,) = result["cost"]
+    hours, tokens, sizes = cost["finetune_gpu_hours_by_kind"], cost["finetune_tokens_by_kind"], cost["matmul_parameters"]
+    assert set(hours) == {"encoder", "full"} and cost["finetune_gpu_hours"] == pytest.approx(sum(hours.values()))
+    for kind, rate in (("encoder", 0.1), ("full", 0.04)):
+        assert hours[kind] * 3600 * rate * result["peak_tflops"] * 1e12 == pytest.approx(6 * sizes[kind] * tokens[kind])
 
 
 def test_finetune_share_reports_both_rates_and_a_profile(tmp_path):
