@@ -1,4 +1,6 @@
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +28,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def load_stage(name: str):
+    """stages/<name>.py as a fresh module, so that a test can call its `main` in-process
+    (`from conftest import load_stage`)."""
+    path = Path(__file__).resolve().parents[1] / "stages" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"stage_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

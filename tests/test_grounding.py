@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import load_stage
 from xdbert.analysis import figure4
 from xdbert.analysis import grounding as G
 from xdbert.errors import PipelineError
@@ -157,17 +158,6 @@ def test_hub_caption_loader_on_local_files(tmp_path):
 # ----------------------------------------------------------------------------------------------------
 # The stage, end to end on generated tasks, a trained WordPiece tokenizer and hand-made predictions
 # ----------------------------------------------------------------------------------------------------
-
-def load_stage(name):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "stages" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_stage_writes_figure4(tmp_path, monkeypatch):
     import yaml

@@ -8,6 +8,7 @@ import scipy.linalg
 import scipy.stats
 import yaml
 
+from conftest import load_stage
 from xdbert.analysis import pwcca as P
 from xdbert.errors import PipelineError
 from xdbert.paths import PRETRAIN_CLIP, PRETRAIN_ENCODER
@@ -198,16 +199,6 @@ def test_pairwise_rejects_unknown_system():
 # ----------------------------------------------------------------------------------------------------
 # The stage, end to end on local files (a hub family's encoder pointed at a local folder)
 # ----------------------------------------------------------------------------------------------------
-
-def load_stage(name):
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "stages" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
 

@@ -5,7 +5,6 @@ called on the window text and open_clip's SimpleTokenizer.encode.
 """
 from __future__ import annotations
 
-import importlib.util
 import io as stdio
 import random
 import re
@@ -23,6 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import load_stage
 from xdbert.data.tokenization.build import Settings, check_max_len
 from xdbert.data.tokenization.cleaning import _BADNESS_REACH, _looks_bad, clean_text, clip_reference_clean, fix_text
 from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
@@ -394,13 +394,6 @@ def test_settings_are_checked():
 STAGE = ROOT / "stages" / "dual_tokenize.py"
 
 
-def load_stage():
-    spec = importlib.util.spec_from_file_location("xdbert_stage_tokenize", STAGE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 EMBEDDED = values("embedded")
 PARAMS = {  # the embedded profile with what these tests rely on
     **EMBEDDED,
@@ -431,7 +424,7 @@ def run_stage(root: Path, monkeypatch) -> tuple[int, str, str]:
     code = 0
     with redirect_stdout(out), redirect_stderr(err):
         try:
-            run(load_stage().main)
+            run(load_stage("dual_tokenize").main)
         except SystemExit as e:
             code = e.code
     return code, out.getvalue(), err.getvalue()
