@@ -53,13 +53,11 @@ STACKED_ATTENTION = "xdbert_stacked"  # the attention implementation a stack's t
 def matmul_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                      **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention as two matrix products and a softmax, the scores transformers' `eager` attention computes,
-    registered for stacked models. SDPA's fused kernels have no batching rule of their own under vmap, and
-    compiled for a GPU, the memory-efficient kernel's backward rejects the layout vmap gives its log-sum-exp
-    ("LSE is not correctly aligned", bench/results/h200). The mask is SDPA's boolean one (True: attend):
-    transformers' own `eager` mask, before 5.21, copied a host scalar to the GPU, which a CUDA graph cannot
-    record (bench/results/h200), where filling the masked scores with the lowest value gives the same
-    softmax as adding it."""
+    """Attention as two matrix products and a softmax, registered for stacked models: the scores of
+    transformers' `eager` attention, bit for bit. SDPA's fused kernels have no batching rule under vmap,
+    and on a GPU the compiled memory-efficient backward rejects vmap's layout. The mask is SDPA's boolean
+    one (True: attend), filled in rather than added: transformers' additive `eager` mask copied a host
+    scalar to the GPU before 5.21, which a CUDA graph cannot record."""
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
