@@ -9,12 +9,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from test_finetuning import bert_dir, keyword_tables, settings  # noqa: F401 (fixtures)
+from test_finetuning import bert_dir, crossmodal_dirs, keyword_tables, settings  # noqa: F401 (fixtures)
 from xdbert import training
 from xdbert.data.tasks.registry import get_task
-from xdbert.finetuning import graphed
+from xdbert.finetuning import graphed, loop, stacked
 from xdbert.finetuning.job import prepare
 from xdbert.finetuning.stacked import train_group
+from xdbert.model.clip_tower import ClipLayout
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,13 +39,15 @@ def test_a_cpu_run_ignores_cuda_graph(bert_dir, group):
     assert graphed.records(True, "cuda", "bf16") and not graphed.records(False, "cuda", "bf16")
 
 
-def test_only_encoders_are_recorded():
-    """The clip and full kinds read the CLIP tower's used blocks and length on the host, which a recording
-    cannot: their runs say `cuda_graph: false` whatever the section says."""
-    s = settings(get_task("sst2"), cuda_graph=True)
-    assert s.hyperparameters("base", "encoder").cuda_graph is True
-    assert s.hyperparameters("base", "clip").cuda_graph is False and s.hyperparameters("base", "full").cuda_graph is False
-    assert settings(get_task("sst2")).hyperparameters("base", "encoder").cuda_graph is False
+def test_every_kind_is_recorded_and_only_encoders_stacked():
+    """The clip and full kinds' batches carry their CLIP layout, found on the host (`ClipLayout`), so their
+    steps are recorded too; their seeds' layouts differ, so they are never stacked."""
+    s = settings(get_task("sst2"), cuda_graph=True, stack=2)
+    for kind in ("encoder", "clip", "full"):
+        assert s.hyperparameters("base", kind).cuda_graph is True
+    assert s.hyperparameters("base", "encoder").stack == 2
+    assert s.hyperparameters("base", "clip").stack == 1 and s.hyperparameters("base", "full").stack == 1
+    assert settings(get_task("sst2")).hyperparameters("base", "full").cuda_graph is False
 
 
 def train_small(tensor_rates: bool, steps: int = 30) -> tuple[list[torch.Tensor], list[float]]:
@@ -87,35 +90,82 @@ class StandInGraph:
         self.replays += 1
 
 
-@pytest.mark.parametrize("group", [(0,), (0, 1)], ids=["alone", "stacked"])
-def test_replayed_steps_train_as_eager_ones(bert_dir, monkeypatch, group):
-    """Each batch shape's first step runs eagerly and is recorded; every later batch of that shape is copied
-    into the recording's inputs and replayed. With a stand-in for the graph, the run trains as an eager one
-    (up to the rounding of each rate to fp32), which it would not if a replay read the recorded batch, or if
-    the epoch's losses shared the recording's loss tensor."""
+def stand_in(loss: torch.Tensor):
+    """A `GraphedStep._recorded` that records into a `StandInGraph` whose replays write a copy of `loss`,
+    and the list of the graphs it made."""
     graphs: list[StandInGraph] = []
 
     def recorded(self, batch):
         inputs = {name: t.clone() for name, t in batch.items()}
-        graphs.append(StandInGraph(self.step, inputs, torch.zeros(len(group)) if len(group) > 1 else torch.zeros(())))
+        graphs.append(StandInGraph(self.step, inputs, loss.clone()))
         return graphs[-1], inputs, graphs[-1].loss
 
+    return recorded, graphs
+
+
+@pytest.fixture
+def recording_on_the_cpu(monkeypatch):
+    """Runs record their steps here as on a GPU, batch lengths and CLIP layouts rounded up to 8 as there;
+    the test sets `GraphedStep._recorded`, which records on a GPU."""
     monkeypatch.setattr(graphed, "records", lambda setting, device, precision: setting)
     monkeypatch.setattr(graphed.torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(graphed.torch.cuda, "Stream", lambda: None)
     monkeypatch.setattr(graphed.GraphedStep, "_eager_step", lambda self, batch: self.step(batch))
+    for module in (loop, stacked):
+        monkeypatch.setattr(module, "pad_multiple", lambda max_len, device: 8)
+
+
+# Every kind, alone; an encoder's seeds stacked too. The kind's model folder, its task, the seeds.
+KINDS = [("encoder", "sst2", (0,)), ("encoder", "sst2", (0, 1)), ("encoder", "swag", (0,)), ("encoder", "swag", (0, 1)),
+         ("full", "sst2", (0,)), ("full", "swag", (0,)), ("clip", "stsb", (0,))]
+KIND_IDS = [f"{kind}-{task}-{'stacked' if len(group) > 1 else 'alone'}" for kind, task, group in KINDS]
+
+
+def job_of(kind: str, task: str, group: tuple, bert_dir, crossmodal_dirs, n_train: int, **changes):
+    path = bert_dir if kind == "encoder" else crossmodal_dirs / kind
+    s = settings(get_task(task), stack=len(group), **changes)
+    return prepare(kind, path, keyword_tables(task, n_train, 32), s, tokenizer_dir=bert_dir)
+
+
+@pytest.mark.parametrize("kind, task, group", KINDS, ids=KIND_IDS)
+def test_replayed_steps_train_as_eager_ones(bert_dir, crossmodal_dirs, monkeypatch, recording_on_the_cpu, kind, task, group):
+    """Each batch shape's first step runs eagerly and is recorded; every later batch of that shape is copied
+    into the recording's inputs (the CLIP layout's blocks and positions too) and replayed. With a stand-in
+    for the graph, the run trains as an eager one (up to the rounding of each rate to fp32), which it would
+    not if a replay read the recorded batch, or if the epoch's losses shared the recording's loss tensor."""
+    recorded, graphs = stand_in(torch.zeros(len(group)) if len(group) > 1 else torch.zeros(()))
     monkeypatch.setattr(graphed.GraphedStep, "_recorded", recorded)
-    spec = get_task("sst2")
-    s = settings(spec, epochs=3, stack=len(group))
-    tables = keyword_tables("sst2", 96, 32)
-    eager, replayed = (train_group(prepare("encoder", bert_dir, tables, dataclasses.replace(s, cuda_graph=flag)), group)
+    eager, replayed = (train_group(job_of(kind, task, group, bert_dir, crossmodal_dirs, 96, epochs=3, cuda_graph=flag), group)
                        for flag in (False, True))
     replays = sum(g.replays for g in graphs)
     assert replays + len(graphs) == replayed[0]["steps"] and replays > len(graphs)  # each shape's first step: eager
     for a, b in zip(eager, replayed):
         assert b["first_epoch_loss"] == pytest.approx(a["first_epoch_loss"], rel=1e-5)
         assert b["last_epoch_loss"] == pytest.approx(a["last_epoch_loss"], rel=1e-4)
-        assert b["metrics"]["dev"]["accuracy"] == pytest.approx(a["metrics"]["dev"]["accuracy"], abs=0.05)
+        metric = get_task(task).metric
+        assert b["metrics"]["dev"][metric] == pytest.approx(a["metrics"]["dev"][metric], abs=0.05)
+
+
+def test_a_replay_reads_its_own_batchs_clip_layout(recording_on_the_cpu, monkeypatch):
+    """Two batches whose rounded CLIP layouts have one shape but run other blocks (a long first sentence,
+    a long second one) share a recording: the replay must read the second batch's blocks and positions."""
+    recorded, graphs = stand_in(torch.zeros((), dtype=torch.long))
+    monkeypatch.setattr(graphed.GraphedStep, "_recorded", recorded)
+
+    def layout(long_sentence: int) -> ClipLayout:
+        mask = torch.zeros(2, 4, 77, dtype=torch.bool)  # 2 pairs, 2 blocks a sentence
+        mask[:, (0, 2), :20] = True
+        mask[0, 2 * long_sentence + 1, :5] = True
+        return ClipLayout.of(mask, 8)
+
+    def step(batch):  # a number that tells the layouts apart
+        return batch["clip_layout"].rows @ torch.arange(6) + batch["clip_layout"].kept.sum()
+
+    first, second = layout(0), layout(1)
+    assert first.shape == second.shape and not torch.equal(first.rows, second.rows)
+    graphed_step = graphed.GraphedStep(step, torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]), record=True)
+    assert graphed_step({"clip_layout": first}) == step({"clip_layout": first})  # eager, then recorded
+    assert graphed_step({"clip_layout": second}) == step({"clip_layout": second}) and graphs[0].replays == 1
 
 
 class HostTraffic(TorchDispatchMode):
@@ -134,9 +184,9 @@ class HostTraffic(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("group", [(0,), (0, 1)], ids=["alone", "stacked"])
-@pytest.mark.parametrize("task", ["sst2", "swag"])
-def test_a_recorded_step_moves_nothing_between_host_and_device(bert_dir, monkeypatch, group, task):
+@pytest.mark.parametrize("kind, task, group", KINDS, ids=KIND_IDS)
+def test_a_recorded_step_moves_nothing_between_host_and_device(bert_dir, crossmodal_dirs, monkeypatch, recording_on_the_cpu,
+                                                               kind, task, group):
     """A step is recorded as it runs: the recording runs it here on the CPU, and no operation of it may
     need the host. transformers' eager attention mask did before 5.21 (a scalar copied to the GPU), which
     stopped the first GPU run of a recorded stack (bench/results/h200)."""
@@ -148,11 +198,6 @@ def test_a_recorded_step_moves_nothing_between_host_and_device(bert_dir, monkeyp
             loss = self.step(inputs)
         return StandInGraph(self.step, inputs, loss), inputs, loss
 
-    monkeypatch.setattr(graphed, "records", lambda setting, device, precision: setting)
-    monkeypatch.setattr(graphed.torch.cuda, "graph_pool_handle", lambda: None)
-    monkeypatch.setattr(graphed.torch.cuda, "Stream", lambda: None)
-    monkeypatch.setattr(graphed.GraphedStep, "_eager_step", lambda self, batch: self.step(batch))
     monkeypatch.setattr(graphed.GraphedStep, "_recorded", recorded)
-    s = dataclasses.replace(settings(get_task(task), epochs=1, stack=len(group)), cuda_graph=True)
-    train_group(prepare("encoder", bert_dir, keyword_tables(task, 64, 32), s), group)
+    train_group(job_of(kind, task, group, bert_dir, crossmodal_dirs, 64, epochs=1, cuda_graph=True), group)
     assert traffic.seen == []

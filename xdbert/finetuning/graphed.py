@@ -6,7 +6,9 @@ backward): their bookkeeping, Dynamo's guards, the optimizer's Python, autograd'
 Recorded whole (forward, loss, backward, clipping, AdamW), a step is one launch.
 
 What makes replaying a recorded step the step itself:
-- A batch is copied into its shape's input tensors, which the graph reads.
+- A batch is copied into its shape's input tensors, which the graph reads. For the `clip` and `full`
+  kinds its shape includes its CLIP layout's (`ClipLayout.shape`), whose blocks and positions are
+  copied too; the layout is rounded as batch lengths are, so that a few graphs serve a task.
 - The first batch of each shape is a real step, run eagerly: it compiles the model for that shape and
   lets libraries set up what they set up lazily (and AdamW its state), none of which may happen while
   recording. The step is recorded after it; recording computes nothing.

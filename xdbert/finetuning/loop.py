@@ -38,8 +38,10 @@ def task_loss(spec: TaskSpec, scores: torch.Tensor, labels: torch.Tensor, reduct
 def pad_multiple(max_len: int, device: torch.device) -> int:
     """What batch lengths are rounded up to. On a GPU 8: bf16 tensor cores want it, and it bounds the
     distinct batch shapes at max_len / 8, since cuDNN's attention builds a plan (about a second) the
-    first time a process meets a shape. On the CPU 1: exact lengths are fastest there. A max_len that
-    is no multiple of 8 keeps exact lengths, so no batch grows beyond it."""
+    first time a process meets a shape, and each shape of a recorded step is a graph of its own. The
+    CLIP blocks of the `clip` and `full` kinds are laid out to the same multiple (`ClipLayout.of`). On
+    the CPU 1: exact lengths are fastest there. A max_len that is no multiple of 8 keeps exact lengths,
+    so no batch grows beyond it."""
     return 8 if device.type == "cuda" and max_len % 8 == 0 else 1
 
 
@@ -73,11 +75,12 @@ def epoch_loss(losses: list[torch.Tensor], step: int, where: str) -> float:
 
 def host_batch(job: Job, data: fd.Encoded, rows: np.ndarray, multiple: int) -> dict:
     """The batch of examples `rows` and, when it has CLIP blocks, which of them hold tokens (`ClipLayout`):
-    found here on the host, the `clip` and `full` kinds' forward reads nothing of its data on the GPU."""
+    found here on the host, the `clip` and `full` kinds' forward reads nothing of its data on the GPU.
+    `multiple` rounds the batch length and the CLIP layout alike (`pad_multiple`)."""
     batch = fd.collate(data, rows, multiple)
     if "clip_ids" in batch:
         ids = torch.from_numpy(batch["clip_ids"])
-        batch.update(locate({"clip_ids": ids.reshape(-1, *ids.shape[-2:])}, job.eot_id))
+        batch.update(locate({"clip_ids": ids.reshape(-1, *ids.shape[-2:])}, job.eot_id, multiple))
     return batch
 
 

@@ -133,16 +133,16 @@ class FinetuneSettings:
         Table 1's protocol or Table 3's (`ablation`: its one rate, where it gives one), with its family's
         layer-wise decay."""
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(Hyperparameters)
-                  if f.name not in ("lr", "max_grad_norm", "layer_lr_decay", "stack", "cuda_graph")}  # the section's values, one for one
+                  if f.name not in ("lr", "max_grad_norm", "layer_lr_decay", "stack")}  # the section's values, one for one
         lr = self.study.protocol.lr if protocol == "ablation" else None
         if lr is None:
             lr = learning_rate(self.lr, self.task, size, model_kind)
-        # Only an encoder's forward can be vmapped (`stacked`) or recorded as a CUDA graph (`graphed`): the
-        # other kinds' shapes follow which CLIP blocks each batch uses (`ClipLayout`), which differs between
-        # the seeds' batches and from batch to batch, so they train each seed alone and unrecorded.
-        encoder = model_kind == "encoder"
+        # Only an encoder's forward can be vmapped (`stacked`): the other kinds' shapes follow which CLIP
+        # blocks each batch uses (`ClipLayout`), which differs between the seeds' batches, so they train
+        # each seed alone.
+        stack = self.stack if model_kind == "encoder" else 1
         return Hyperparameters(lr=lr, max_grad_norm=MAX_GRAD_NORM, layer_lr_decay=layer_lr_decay,
-                               stack=self.stack if encoder else 1, cuda_graph=self.cuda_graph and encoder, **shared)
+                               stack=stack, **shared)
 
     def seeds_of(self, run: Run) -> list[int]:
         """The seeds of a run: the task's, or Table 3's protocol's where it gives them."""

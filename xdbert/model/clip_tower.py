@@ -44,13 +44,41 @@ class ClipLayout:
     kept: torch.Tensor | None
 
     @classmethod
-    def of(cls, mask: torch.Tensor) -> "ClipLayout":
-        """The layout of a (B, n_blocks, context) `clip_block_mask`; reads it on the host."""
+    def of(cls, mask: torch.Tensor, multiple: int = 1) -> "ClipLayout":
+        """The layout of a (B, n_blocks, context) `clip_block_mask`; reads it on the host.
+
+        `multiple` > 1 trades a little work for few distinct shapes, so that a step recorded as a CUDA
+        graph (xdbert.finetuning.graphed) serves most batches: every block of each block position some
+        window uses is run, the length is rounded up to `multiple` (at most `context`), and the kept
+        positions are those blocks' first `length`. What this adds holds no token: its features are
+        zero and it is masked as a key, so the outputs are the same up to rounding.
+        """
         batch, n_blocks, context = mask.shape
         lengths = mask.reshape(batch * n_blocks, context).sum(dim=-1)
+        if multiple > 1 and bool(lengths.any()):
+            columns = mask.any(dim=2).any(dim=0).nonzero().squeeze(1)
+            length = min(-(-int(lengths.max()) // multiple) * multiple, context)
+            rows = (torch.arange(batch)[:, None] * n_blocks + columns).reshape(-1)
+            kept = (columns[:, None] * context + torch.arange(length)).reshape(-1)
+            return cls(rows, length, kept if len(kept) < n_blocks * context else None)
         used = mask.reshape(batch, n_blocks * context).any(dim=0)
         kept = used.nonzero().squeeze(1) if bool(used.any()) and not bool(used.all()) else None
         return cls((lengths > 0).nonzero().squeeze(1), int(lengths.max()) if lengths.numel() else 0, kept)
+
+    @property
+    def shape(self) -> tuple:
+        """What decides the shapes a batch with this layout computes (with the batch's own tensors')."""
+        return (len(self.rows), self.length, None if self.kept is None else len(self.kept))
+
+    def copy_(self, other: "ClipLayout", non_blocking: bool = False) -> "ClipLayout":
+        """`other`'s blocks and positions written into this layout's tensors, of the same `shape`."""
+        self.rows.copy_(other.rows, non_blocking=non_blocking)
+        if self.kept is not None:
+            self.kept.copy_(other.kept, non_blocking=non_blocking)
+        return self
+
+    def clone(self) -> "ClipLayout":
+        return self._map(torch.Tensor.clone)
 
     def pin_memory(self) -> "ClipLayout":
         return self._map(torch.Tensor.pin_memory)

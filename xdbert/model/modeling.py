@@ -333,13 +333,14 @@ def target_positions(labels: torch.Tensor) -> torch.Tensor:
     return (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
 
 
-def locate(batch: dict, eot_id: int) -> dict:
+def locate(batch: dict, eot_id: int, multiple: int = 1) -> dict:
     """Where a batch's CLIP tokens and targets are, as `forward` takes them: `clip_layout`, `mlm_positions`
     and `cliptc_positions`, for a batch of its inputs and labels. The adaptation batches call it on the
-    host, where reading them costs nothing; the model itself would wait for the GPU at each."""
+    host, where reading them costs nothing; the model itself would wait for the GPU at each. `multiple`:
+    the layout's rounding (`ClipLayout.of`)."""
     out: dict = {}
     if batch.get("clip_ids") is not None:
-        layout = out["clip_layout"] = ClipLayout.of(clip_block_mask(batch["clip_ids"], eot_id))
+        layout = out["clip_layout"] = ClipLayout.of(clip_block_mask(batch["clip_ids"], eot_id), multiple)
         if batch.get("cliptc_labels") is not None:
             out["cliptc_positions"] = target_positions(_kept_labels(batch["cliptc_labels"], layout.kept))
     if batch.get("mlm_labels") is not None:
