@@ -212,8 +212,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="adapt.compile: torch.compile the training steps")
     ap.add_argument("--finetune-mfu", type=float, default=0.091, help="the grid's MFU for encoder and CLIP-T runs "
                     "(measured: 0.091, one compiled BERT-base run, each step recorded, on an H200, bench/results/h200)")
-    ap.add_argument("--full-mfu", type=float, default=0.038, help="the grid's MFU for `full` runs, which are not "
-                    "recorded and were never timed on a GPU (default: 0.038, the grid's rate before recording)")
+    ap.add_argument("--full-mfu", type=float, default=0.038, help="the grid's MFU for `full` runs, never timed on a "
+                    "GPU (default: 0.038, the grid's rate before recording; bench/finetune_share.py --kind full measures it)")
     ap.add_argument("--tokens-per-example", type=float, default=38.0, help="real tokens of a GLUE-like example")
     ap.add_argument("--finetune-only", action="store_true", help="no adaptation steps: build each model and write "
                     "the finetuning grid's projection alone (runs on a CPU)")
@@ -257,7 +257,7 @@ def same_step(p: dict, family: str, variant: str, rows: list[dict]) -> dict | No
 
 
 def mfu(args, kind: str) -> float:
-    """The finetuning MFU a run of `kind` is costed at: `full` runs are not recorded (`finetune.cuda_graph`)."""
+    """The finetuning MFU a run of `kind` is costed at: `full` runs have their own, not yet measured."""
     return args.full_mfu if kind == "full" else args.finetune_mfu
 
 

@@ -13,6 +13,10 @@ MFU counts 6 x parameters x real tokens (the training FLOPs of the encoder, atte
 
 Model: a random BERT (`--size base`: 12 x 768) with a WordPiece vocabulary trained on the task text;
 task: a GLUE stand-in (`--task`; RTE's pairs are about 30 real tokens, GLUE-like), `--train` examples.
+`--kind full` trains the whole cross-modal model on that BERT instead (Table 8's runs): CLIP's ViT-B-32
+text tower (the tiny CLIP at `--size tiny`) and the paper's 2 cross layers, random weights; its MFU
+counts 6 x the model's parameters outside embedding tables, as the cost table counts `full` runs
+(bench/adapt_stage_speed.py `--full-mfu`), and its projection is the paper grid's BERT-b `full` runs.
 `--compile` compiles every run as `finetune.compile` does (on a GPU with CUDA graphs); `--compile-mode
 default` compiles without them, for comparison. `--cuda-graph` records each whole step as one CUDA graph
 (`finetune.cuda_graph`, xdbert.finetuning.graphed; compiled runs then compile without torch's).
@@ -20,7 +24,7 @@ default` compiles without them, for comparison. `--cuda-graph` records each whol
 xdbert.finetuning.stacked): one call computes K runs, so `--runs 1 --stack 8 --seeds 8` puts 8 runs on
 the GPU in one process, against `--runs 8` in 8 processes.
 
-    python bench/finetune_share.py [--size base] [--task rte] [--runs 1,2,4,8] [--seeds 2] [--train 4000]
+    python bench/finetune_share.py [--size base] [--kind encoder|full] [--task rte] [--runs 1,2,4,8] [--seeds 2] [--train 4000]
                                    [--compile [--compile-mode reduce-overhead|default]] [--cuda-graph] [--stack K]
                                    [--profile] [--sync-debug]
 
@@ -45,6 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adapt_speed import profiled  # noqa: E402
+from adapt_stage_speed import finetune_tokens, matmul_parameters  # noqa: E402
 from finetune_speed import SIZES, build_bert, finetune_settings  # noqa: E402  (the same model and recipe)
 
 from xdbert.data.synthetic.tasks import generate_task  # noqa: E402
@@ -53,21 +58,42 @@ from xdbert.finetuning import loop  # noqa: E402
 from xdbert.finetuning.grid import groups  # noqa: E402
 from xdbert.finetuning.job import prepare  # noqa: E402
 from xdbert.finetuning.stacked import train_group  # noqa: E402
+from xdbert.profiles import values  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Table 1's two BERT-b rows: 9 tasks, 3 epochs, 5 seeds (RTE 9), about 38 real tokens an example.
 TABLE1_BERT_TOKENS = 1.4e9
+TOKENS_PER_EXAMPLE = 38.0
 
 
-def worker(model_dir, tables, settings, seeds, compile_mode, barrier, results, profile: Path | None = None,
-           sync_debug: bool = False) -> None:
+def build_full(directory: Path, bert_dir: Path, size: str) -> int:
+    """A random cross-modal model on a random BERT of `bert_dir`'s size and vocabulary, saved as the `full`
+    kind reads it: CLIP's ViT-B-32 text tower (the tiny CLIP at size tiny), the paper's 2 cross layers
+    and 8 CLIP heads. Returns its parameters outside embedding tables, pretraining heads dropped."""
+    from transformers import AutoConfig
+
+    from xdbert.model.modeling import XDBertConfig, XDBertModel
+    from xdbert.model.saving import save_full
+
+    tiny = size == "tiny"
+    torch.manual_seed(0)
+    model = XDBertModel.build(XDBertConfig(
+        encoder="random:bert", vocab_size=AutoConfig.from_pretrained(bert_dir).vocab_size,
+        encoder_config={**SIZES[size], "max_position_embeddings": 128}, clip="xdbert-tiny" if tiny else "ViT-B-32",
+        clip_heads=2 if tiny else 8, cross_layers=2))
+    save_full(model, directory)
+    return matmul_parameters(model.strip_heads())
+
+
+def worker(kind, model_dir, bert_dir, tables, settings, seeds, compile_mode, barrier, results,
+           profile: Path | None = None, sync_debug: bool = False) -> None:
     try:
         gpu = torch.cuda.is_available()
         device = "cuda" if gpu else "cpu"
         torch.set_num_threads(1)  # on a CPU each run is one core's, as in the grid
         loop.CUDA_COMPILE_MODE = None if compile_mode == "default" else compile_mode
         t0 = time.time()
-        job = prepare("encoder", model_dir, tables, settings)
+        job = prepare(kind, model_dir, tables, settings, tokenizer_dir=bert_dir)
         progress(f"prepared in {time.time() - t0:.1f} s")
         t0 = time.time()
         # The warm-up trains one epoch: an epoch holds every batch shape, so every graph the timed seeds
@@ -112,11 +138,11 @@ def progress(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} pid {os.getpid()}: {message}", file=sys.stderr, flush=True)
 
 
-def share(k: int, model_dir: Path, tables: dict, settings, seeds: list[int], compile_mode: str,
+def share(k: int, kind: str, model_dir: Path, bert_dir: Path, tables: dict, settings, seeds: list[int], compile_mode: str,
           profile: Path | None, sync_debug: bool = False) -> dict:
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(k), context.Queue()
-    procs = [context.Process(target=worker, args=(model_dir, tables, settings, [s + 10 * i for s in seeds],
+    procs = [context.Process(target=worker, args=(kind, model_dir, bert_dir, tables, settings, [s + 10 * i for s in seeds],
                                                   compile_mode, barrier, results, profile if k == 1 else None,
                                                   sync_debug and k == 1))
              for i in range(k)]
@@ -144,6 +170,8 @@ def share(k: int, model_dir: Path, tables: dict, settings, seeds: list[int], com
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=tuple(SIZES), default="base")
+    ap.add_argument("--kind", choices=("encoder", "full"), default="encoder",
+                    help="encoder: the BERT alone (Table 1's runs); full: the cross-modal model on it (Table 8's)")
     ap.add_argument("--task", default="rte", help="a GLUE stand-in with two-class accuracy")
     ap.add_argument("--runs", default="1,2,4,8", help="runs per GPU to measure, comma-separated")
     ap.add_argument("--seeds", type=int, default=2, help="timed seeds per run process")
@@ -164,6 +192,8 @@ def main() -> None:
     ap.add_argument("--peak", type=float, default=989.0, help="bf16 dense TFLOP/s of the GPU (H100 SXM: 989)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
+    if args.kind == "full" and args.stack > 1:
+        ap.error("--stack: only an encoder's seeds are stacked (finetune.stack); a full model trains each seed alone")
     spec = get_task(args.task)
     tables = generate_task(args.task, args.train, 400, seed=0)
     settings = finetune_settings(spec, args.lr, epochs=args.epochs, batch_size=args.batch_size, max_len=128,
@@ -171,20 +201,26 @@ def main() -> None:
                                  cuda_graph=args.cuda_graph, length_group=50, stack=args.stack)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(tmp) / "bert"
-        build_bert(model_dir, tables, spec, args.size)
+        bert_dir = model_dir = Path(tmp) / "bert"
+        build_bert(bert_dir, tables, spec, args.size)
         progress(f"random BERT {args.size} and its vocabulary built")
         from transformers import BertModel
-        n_params = sum(p.numel() for p in BertModel.from_pretrained(model_dir).parameters())
+        n_params = sum(p.numel() for p in BertModel.from_pretrained(bert_dir).parameters())
+        projected = TABLE1_BERT_TOKENS
+        if args.kind == "full":
+            model_dir = Path(tmp) / "full"
+            n_params = build_full(model_dir, bert_dir, args.size)
+            projected = finetune_tokens(values("paper"), TOKENS_PER_EXAMPLE)["bert-b"]["full"]
+            progress("random cross-modal model built")
         for k in [int(x) for x in args.runs.split(",")]:
             t0 = time.time()
             profile = args.out / f"{args.name}_profile.txt" if args.profile else None
-            row = share(k, model_dir, tables, settings, list(range(args.seeds)), args.compile_mode, profile,
-                        args.sync_debug)
+            row = share(k, args.kind, model_dir, bert_dir, tables, settings, list(range(args.seeds)), args.compile_mode,
+                        profile, args.sync_debug)
             if "error" not in row:
                 row["mfu"] = 6 * n_params * row["tokens_per_second"] / (args.peak * 1e12)
                 row["loop_mfu"] = 6 * n_params * row["loop_tokens_per_second"] / (args.peak * 1e12)
-                row["table1_bert_rows_gpu_hours"] = TABLE1_BERT_TOKENS / row["tokens_per_second"] / 3600
+                row["projected_gpu_hours"] = projected / row["tokens_per_second"] / 3600
             row["total_seconds"] = time.time() - t0
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -205,7 +241,11 @@ def write(args, n_params: int, rows: list[dict]) -> None:
         mode += ", each step recorded as one CUDA graph"
     if args.stack > 1:
         mode += f", seeds stacked {args.stack} to a model call"
-    result = {"device": device, "torch": torch.__version__, "size": args.size, "parameters": n_params,
+    model, counted, projection = f"Random BERT {args.size}", "parameters", "Table 1 BERT-b rows"
+    if args.kind == "full":
+        model, counted = f"Random cross-modal model on BERT {args.size}", "parameters outside embedding tables"
+        projection = "paper grid's BERT-b `full` runs"
+    result = {"device": device, "torch": torch.__version__, "size": args.size, "kind": args.kind, "parameters": n_params,
               "task": args.task, "train_examples": args.train, "epochs": args.epochs, "lr": args.lr,
               "batch_size": args.batch_size, "compile": args.compile and args.compile_mode,
               "cuda_graph": args.cuda_graph, "stack": args.stack,
@@ -214,12 +254,12 @@ def write(args, n_params: int, rows: list[dict]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Finetuning runs sharing one GPU ({device})", "",
-             f"Random BERT {args.size} ({n_params:,} parameters), {args.task.upper()} stand-in ({args.train} training "
+             f"{model} ({n_params:,} {counted}), {args.task.upper()} stand-in ({args.train} training "
              f"examples), {args.epochs} epochs at lr {args.lr}, batch {args.batch_size}, bf16 autocast, {mode}; "
              f"{args.seeds} timed seeds per process after a one-epoch warm-up; torch {torch.__version__}.", "",
              "Real tokens/s counts every timed seed's wall time (building the model, training, dev evaluation); "
              "in loops counts the training loops alone, the rate a long run approaches.", "",
-             "| runs per GPU | real tokens/s | examples/s | vs 1 run | MFU | Table 1 BERT-b rows, GPU-hours | in loops: real tokens/s | MFU | peak GiB per run | dev accuracy | warm-up s |",
+             f"| runs per GPU | real tokens/s | examples/s | vs 1 run | MFU | {projection}, GPU-hours | in loops: real tokens/s | MFU | peak GiB per run | dev accuracy | warm-up s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
@@ -228,7 +268,7 @@ def write(args, n_params: int, rows: list[dict]) -> None:
         acc = r["dev_accuracy"]
         runs = r["runs_per_gpu"] if args.stack == 1 else f"{r['runs_per_gpu']} x {args.stack} stacked"
         lines.append(f"| {runs} | {r['tokens_per_second']:,.0f} | {r['examples_per_second']:,.0f} | "
-                     f"{r['tokens_per_second'] / base:.2f}x | {r['mfu']:.1%} | {r['table1_bert_rows_gpu_hours']:.2f} | "
+                     f"{r['tokens_per_second'] / base:.2f}x | {r['mfu']:.1%} | {r['projected_gpu_hours']:.2f} | "
                      f"{r['loop_tokens_per_second']:,.0f} | {r['loop_mfu']:.1%} | "
                      f"{r['peak_gib_per_run']:.1f} | {min(acc):.3f}-{max(acc):.3f} | {r['warmup_seconds']:.0f} |")
     lines += ["", f"Rerun with `python {' '.join(sys.argv)}`."]

@@ -36,7 +36,7 @@ def test_the_gpu_scripts_parse():
 
 def test_the_adapt_cost_table_is_written_without_ray_dvc_or_datasets(tmp_path):
     """The finetuning cost of a family, each kind of run at its own MFU: encoder runs at the recorded rate,
-    `full` runs (never recorded) at theirs. 6 FLOPs per multiplying parameter and real token."""
+    `full` runs (never timed on a GPU) at theirs. 6 FLOPs per multiplying parameter and real token."""
     argv = ["adapt_stage_speed.py", "--sizes", "tiny", "--finetune-only", "--families", "bert-b",
             "--variants", "xdbert", "--finetune-mfu", "0.1", "--full-mfu", "0.04", "--out", str(tmp_path)]
     done = run_without_absent(f"import runpy\nsys.argv = {argv!r}\nrunpy.run_path('bench/adapt_stage_speed.py', run_name='__main__')")
@@ -79,6 +79,23 @@ def test_finetune_share_trains_stacked_seeds_in_one_process(tmp_path):
     (row,) = result["rows"]
     assert result["stack"] == 2 and result["cuda_graph"] and len(row["dev_accuracy"]) == 2 and row["loop_tokens_per_second"] > 0
     assert "| 1 x 2 stacked |" in (tmp_path / "stacked.md").read_text()
+
+
+def test_finetune_share_times_the_full_kind_recorded(tmp_path):
+    """`--kind full` (step 9 of gpu_finetune.sh): the whole cross-modal model trains and is counted as the
+    cost table counts `full` runs (parameters outside embedding tables, the paper grid's BERT-b `full` tokens)."""
+    argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--kind", "full", "--task", "rte", "--runs", "1",
+            "--seeds", "1", "--cuda-graph", "--train", "64", "--epochs", "1", "--name", "full", "--out", str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "full.json").read_text())
+    (row,) = result["rows"]
+    assert result["kind"] == "full" and row["loop_tokens_per_second"] > 0 and len(row["dev_accuracy"]) == 1
+    assert row["mfu"] == pytest.approx(6 * result["parameters"] * row["tokens_per_second"] / 989e12)
+    table = (tmp_path / "full.md").read_text()
+    assert "Random cross-modal model on BERT tiny" in table and "BERT-b `full` runs, GPU-hours" in table
+    refused = subprocess.run([*argv, "--stack", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "only an encoder's seeds are stacked" in refused.stderr
 
 
 def test_gpu_determinism_compares_a_recorded_seed_with_an_eager_one(tmp_path):
