@@ -51,15 +51,21 @@ def test_the_adapt_cost_table_is_written_without_ray_dvc_or_datasets(tmp_path):
         assert hours[kind] * 3600 * rate * result["peak_tflops"] * 1e12 == pytest.approx(6 * sizes[kind] * tokens[kind])
 
 
+def finetune_share(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """bench/finetune_share.py at a tiny size, one epoch of 64 examples, with `args`; its process and JSON."""
+    argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--train", "64", "--epochs", "1", *args,
+            "--name", name, "--out", str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done, json.loads((tmp_path / f"{name}.json").read_text())
+
+
 def test_finetune_share_reports_both_rates_and_a_profile(tmp_path):
     """The script gpu_finetune.sh runs, at a tiny size on the CPU: 1 and 2 runs sharing the device, the
     rate over whole seeds and the (higher) rate inside the training loops, the single run's profile (by
     GPU time, then by host time) and each run's progress lines."""
-    argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--task", "sst2", "--runs", "1,2", "--seeds", "1",
-            "--train", "64", "--epochs", "1", "--profile", "--sync-debug", "--name", "share", "--out", str(tmp_path)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads((tmp_path / "share.json").read_text())["rows"]
+    done, result = finetune_share(tmp_path, "share", "--task", "sst2", "--runs", "1,2", "--seeds", "1", "--profile", "--sync-debug")
+    rows = result["rows"]
     assert [r["runs_per_gpu"] for r in rows] == [1, 2] and not any("error" in r for r in rows)
     assert all(r["loop_tokens_per_second"] > r["tokens_per_second"] > 0 for r in rows)
     assert "in loops: real tokens/s" in (tmp_path / "share.md").read_text()
@@ -71,11 +77,7 @@ def test_finetune_share_reports_both_rates_and_a_profile(tmp_path):
 def test_finetune_share_trains_stacked_seeds_in_one_process(tmp_path):
     """`--stack 2`: one process trains its 2 timed seeds as one stacked model; both are counted. With
     `--cuda-graph` (on the CPU: the same steps, unrecorded)."""
-    argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--task", "sst2", "--runs", "1", "--seeds", "2",
-            "--stack", "2", "--cuda-graph", "--train", "64", "--epochs", "1", "--name", "stacked", "--out", str(tmp_path)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads((tmp_path / "stacked.json").read_text())
+    _, result = finetune_share(tmp_path, "stacked", "--task", "sst2", "--runs", "1", "--seeds", "2", "--stack", "2", "--cuda-graph")
     (row,) = result["rows"]
     assert result["stack"] == 2 and result["cuda_graph"] and len(row["dev_accuracy"]) == 2 and row["loop_tokens_per_second"] > 0
     assert "| 1 x 2 stacked |" in (tmp_path / "stacked.md").read_text()
@@ -84,17 +86,13 @@ def test_finetune_share_trains_stacked_seeds_in_one_process(tmp_path):
 def test_finetune_share_times_the_full_kind_recorded(tmp_path):
     """`--kind full` (step 9 of gpu_finetune.sh): the whole cross-modal model trains and is counted as the
     cost table counts `full` runs (parameters outside embedding tables, the paper grid's BERT-b `full` tokens)."""
-    argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--kind", "full", "--task", "rte", "--runs", "1",
-            "--seeds", "1", "--cuda-graph", "--train", "64", "--epochs", "1", "--name", "full", "--out", str(tmp_path)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads((tmp_path / "full.json").read_text())
+    done, result = finetune_share(tmp_path, "full", "--kind", "full", "--task", "rte", "--runs", "1", "--seeds", "1", "--cuda-graph")
     (row,) = result["rows"]
     assert result["kind"] == "full" and row["loop_tokens_per_second"] > 0 and len(row["dev_accuracy"]) == 1
     assert row["mfu"] == pytest.approx(6 * result["parameters"] * row["tokens_per_second"] / 989e12)
     table = (tmp_path / "full.md").read_text()
     assert "Random cross-modal model on BERT tiny" in table and "BERT-b `full` runs, GPU-hours" in table
-    refused = subprocess.run([*argv, "--stack", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    refused = subprocess.run([*done.args, "--stack", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "only an encoder's seeds are stacked" in refused.stderr
 
 
