@@ -34,9 +34,10 @@ def clip_uses_quick_gelu(name: str, pretrained: str = "") -> bool:
 class ClipLayout:
     """Which CLIP blocks and positions of a batch hold tokens, so that the rest are not computed.
 
-    rows: (R,) the used blocks among the batch's `batch * n_blocks`, in order; length: positions kept per
-    block, up to the longest used block's [EOT] (0 when no block is used); kept: (K,) the positions of
-    the `n_blocks * context` that hold a token in some window, or None when all or none do.
+    rows: (R,) the blocks to run among the batch's `batch * n_blocks`, in order; length: positions run
+    per block (0 when no block is used); kept: (K,) the positions of the `n_blocks * context` that the
+    cross layers keep, or None for all of them. Exact (`of(mask)`): the used blocks, up to the longest
+    one's [EOT], and the positions that hold a token in some window (None also when none do).
     """
 
     rows: torch.Tensor
