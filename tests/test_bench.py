@@ -86,14 +86,22 @@ def test_finetune_share_trains_stacked_seeds_in_one_process(tmp_path):
 def test_finetune_share_times_the_full_kind_recorded(tmp_path):
     """`--kind full` (step 9 of gpu_finetune.sh): the whole cross-modal model trains and is counted as the
     cost table counts `full` runs (parameters outside embedding tables, the paper grid's BERT-b `full` tokens)."""
-    done, result = finetune_share(tmp_path, "full", "--kind", "full", "--task", "rte", "--runs", "1", "--seeds", "1", "--cuda-graph")
+    _, result = finetune_share(tmp_path, "full", "--kind", "full", "--task", "rte", "--runs", "1", "--seeds", "1", "--cuda-graph")
     (row,) = result["rows"]
     assert result["kind"] == "full" and row["loop_tokens_per_second"] > 0 and len(row["dev_accuracy"]) == 1
     assert row["mfu"] == pytest.approx(6 * result["parameters"] * row["tokens_per_second"] / 989e12)
     table = (tmp_path / "full.md").read_text()
     assert "Random cross-modal model on BERT tiny" in table and "BERT-b `full` runs, GPU-hours" in table
-    refused = subprocess.run([*done.args, "--stack", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 2 and "only an encoder's seeds are stacked" in refused.stderr
+
+
+def test_finetune_share_refuses_to_stack_a_full_model(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import finetune_share
+
+    monkeypatch.setattr(sys, "argv", ["finetune_share.py", "--kind", "full", "--stack", "2"])
+    with pytest.raises(SystemExit) as exit_:
+        finetune_share.main()
+    assert exit_.value.code == 2 and "only an encoder's seeds are stacked" in capsys.readouterr().err
 
 
 def test_gpu_determinism_compares_a_recorded_seed_with_an_eager_one(tmp_path):
