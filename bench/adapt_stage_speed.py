@@ -184,7 +184,11 @@ def matmul_parameters(module: torch.nn.Module) -> int:
     return sum(t.numel() for name, t in module.named_parameters() if "embedding" not in name)
 
 
-def finetune_tokens(p: dict, tokens_per_example: float) -> dict[str, dict[str, float]]:
+# Real (non-padding) tokens of a GLUE-like training example, what the finetuning grid is costed at.
+TOKENS_PER_EXAMPLE = 38.0
+
+
+def finetune_tokens(p: dict, tokens_per_example: float = TOKENS_PER_EXAMPLE) -> dict[str, dict[str, float]]:
     """Real training tokens of the paper profile's finetuning grid, per family and model kind."""
     from xdbert.data.tasks.registry import get_task, task_names
     from xdbert.finetuning.settings import FinetuneSettings
@@ -214,7 +218,7 @@ def main() -> None:
                     "(measured: 0.091, one compiled BERT-base run, each step recorded, on an H200, bench/results/h200)")
     ap.add_argument("--full-mfu", type=float, default=0.038, help="the grid's MFU for `full` runs, never timed on a "
                     "GPU (default: 0.038, the grid's rate before recording; bench/finetune_share.py --kind full measures it)")
-    ap.add_argument("--tokens-per-example", type=float, default=38.0, help="real tokens of a GLUE-like example")
+    ap.add_argument("--tokens-per-example", type=float, default=TOKENS_PER_EXAMPLE, help="real tokens of a GLUE-like example")
     ap.add_argument("--finetune-only", action="store_true", help="no adaptation steps: build each model and write "
                     "the finetuning grid's projection alone (runs on a CPU)")
     ap.add_argument("--profile", action="store_true", help="write each run's kernels by GPU time (profile-*.txt)")

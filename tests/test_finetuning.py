@@ -834,8 +834,7 @@ def test_rounding_the_clip_layout_up_to_8_changes_no_score(crossmodal_dirs, bert
         for m, b in batches.items():
             shapes[m].add((b["input_ids"].shape if "input_ids" in b else None, b["clip_layout"].shape))
         with torch.no_grad():
-            scores = [model({k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in b.items()})
-                      for b in batches.values()]
+            scores = [model(training.to_device(b, "cpu")) for b in batches.values()]
         torch.testing.assert_close(scores[0], scores[1], atol=1e-5, rtol=1e-5)
     assert len(shapes[8]) < len(shapes[1])
 
