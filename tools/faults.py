@@ -7,8 +7,8 @@
    (outs, metrics, plots) is hashed. `--project` copies a micro project that has been reproduced already
    (the end-to-end test's) instead, so the reference run only finds it up to date.
 2. Kills: for a stage (dual_tokenize, adapt@bert, finetune, aggregate) and a random moment of its
-   run (for the stages that checkpoint, every other kill comes shortly after a checkpoint is saved, in
-   the middle of training), `dvc repro --force --single-item STAGE` runs in its own process group, which
+   run (for the stages that checkpoint, every other kill, the first included, comes shortly after a
+   checkpoint is saved, in the middle of training), `dvc repro --force --single-item STAGE` runs in its own process group, which
    gets SIGKILL at that moment. Then every declared output must be absent or equal to the reference; the stage run again
    (forced, so it computes from its checkpoints instead of being checked out of DVC's cache) must bring
    every output back to the reference's bytes, and `dvc status` must be clean.
@@ -336,12 +336,13 @@ def main() -> None:
     py = sys.executable
     kills = len(KILL_STAGES) if args.short else args.kills
     for i, stage in enumerate(KILL_STAGES):
-        seconds = c.duration(stage)
         n = kills // len(KILL_STAGES) + (i < kills % len(KILL_STAGES))
+        seconds = None  # the stage's uninterrupted time, measured once a kill needs it
         for k in range(n):
-            if k % 2 and stage in CHECKPOINTS:  # every other kill lands in training, after a checkpoint
+            if k % 2 == 0 and stage in CHECKPOINTS:  # every other kill, the first, lands in training after a checkpoint
                 c.kill(stage, rng.uniform(0.0, 0.5), after=CHECKPOINTS[stage])
             else:  # timings vary: keep most kills inside the run
+                seconds = seconds or c.duration(stage)
                 c.kill(stage, rng.uniform(0.05, 0.8) * seconds)
     for name, rel, how, cmd in DAMAGE:
         if args.short and name not in SHORT_DAMAGE:
