@@ -224,6 +224,21 @@ def test_workers_share_each_gpu_as_its_memory_allows(monkeypatch):
     assert engine.plan(100, "auto") == (2, 0.0) and engine.plan(100, 8) == (2, 0.0)  # one worker per CPU
 
 
+def test_runs_sharing_a_gpu_without_mps_are_named_in_the_log(tmp_path, monkeypatch):
+    """Runs sharing GPUs on a node with no MPS daemon take turns: the log says how many share and on how many
+    nodes; nothing is said where MPS runs (its control pipe exists) or where each run has its GPU."""
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert not engine.mps_running()
+    (tmp_path / "control").touch()
+    assert engine.mps_running()
+    alone = [{"node": node, "gpus": ["0"], "mps": False} for node in ("a", "a", "b", "b")]
+    line = engine.taking_turns(alone, 0.25)
+    assert "4 runs share each GPU, and 2 node(s) run no MPS daemon" in line and "nvidia-cuda-mps-control -d" in line
+    assert engine.taking_turns(alone, 1.0) is None
+    assert engine.taking_turns([{**w, "mps": True} for w in alone], 0.25) is None
+    assert engine.taking_turns([{"node": "a", "gpus": [], "mps": False}], 0.0) is None  # a CPU cluster
+
+
 def test_a_runs_gpu_memory_grows_with_the_largest_model_of_the_grid(tmp_path):
     """Parameters are counted from the saved fp32 weights (4 bytes each): BERT-base's 110M take the measured
     base run's 2.5 GiB, ELECTRA-large's 335M three times as much; a small model never less."""
@@ -297,7 +312,8 @@ def test_a_killed_worker_is_replaced_and_its_run_retried(bert_dir):
 
 def test_a_two_node_cluster_puts_each_worker_on_its_own_gpu(bert_dir, monkeypatch):
     """Two Ray nodes with one (pretend) GPU each, as `ray start` on two GPU machines would make: one run
-    per GPU gives two workers, each on its own node and GPU, and the grid's results are the usual ones."""
+    per GPU gives two workers, each on its own node and GPU, and the grid's results are the usual ones.
+    Without RAY_ADDRESS the stage starts Ray of its own even while that cluster runs."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -313,6 +329,11 @@ def test_a_two_node_cluster_puts_each_worker_on_its_own_gpu(bert_dir, monkeypatc
         where = ray.get([w.where.remote() for w in engine.start_workers(2, 1.0)])
         assert len({w["node"] for w in where}) == 2 and all(len(w["gpus"]) == 1 for w in where)
         (results,) = grid.run_grid([(job, [0, 1])])
+        ray.shutdown()
+        # No RAY_ADDRESS: a Ray instance of the stage's own, not the cluster this machine already runs
+        monkeypatch.delenv("RAY_ADDRESS")
+        assert engine.connect()
+        assert ray.cluster_resources().get("GPU", 0) == 0 and len(ray.nodes()) == 1
     finally:
         ray.shutdown()
         cluster.shutdown()

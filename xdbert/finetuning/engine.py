@@ -32,7 +32,9 @@ WORKERS_ENV = "XDBERT_FINETUNE_WORKERS"
 # Runs sharing one GPU. A base-model run at GLUE lengths leaves an H100 or H200 mostly idle: on an H200,
 # 4 compiled runs sharing it gave 3.26x the tokens/s of one, 8 gave 3.64x, each needing under 2 GiB
 # (bench/results/h200). `auto` takes as many as the GPU's memory holds runs of the grid's largest model
-# (`run_gib`), at most 8.
+# (`run_gib`), at most 8. Without CUDA's multi-process service (MPS) the runs' kernels take turns on the
+# GPU; under it they run side by side: 4 recorded runs made 233,705 real tokens/s under MPS, 186,791
+# without (two H200s, 2026-11-28).
 RUNS_PER_GPU_ENV = "XDBERT_RUNS_PER_GPU"
 MAX_RUNS_PER_GPU = 8
 GIB_PER_RUN = 2.5  # the measured 1.9 GiB of a BERT-base run, with room for longer batches
@@ -80,6 +82,22 @@ def runs_per_gpu(gib_per_run: float = GIB_PER_RUN) -> int:
     return max(1, min(MAX_RUNS_PER_GPU, int(gib // gib_per_run)))
 
 
+def mps_running() -> bool:
+    """Whether CUDA's multi-process service runs on this node: its control daemon's pipe exists, in
+    `CUDA_MPS_PIPE_DIRECTORY` or the daemon's default folder."""
+    return (Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control").exists()
+
+
+def taking_turns(placed: list[dict], gpu_each: float) -> str | None:
+    """For the log: runs share GPUs (`gpu_each` < 1) on nodes without MPS (`placed`: the workers'
+    `where`), so their kernels take turns; None when nothing shares a GPU or MPS runs wherever it does."""
+    nodes = {w["node"] for w in placed if w["gpus"] and not w["mps"]}
+    if gpu_each >= 1 or not nodes:
+        return None
+    return (f"{round(1 / gpu_each)} runs share each GPU, and {len(nodes)} node(s) run no MPS daemon, so their kernels "
+            "take turns: start it there (`nvidia-cuda-mps-control -d`) before Ray for about 1.25x (docs/gpus.md)")
+
+
 def connect() -> bool:
     """Join the Ray cluster of `RAY_ADDRESS`, or start a local instance sized to this machine.
     True when this call started Ray (so the caller shuts it down)."""
@@ -90,7 +108,9 @@ def connect() -> bool:
         ray.init(**quiet)  # ray.init reads RAY_ADDRESS itself
     else:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        ray.init(num_cpus=cores, num_gpus=torch.cuda.device_count(), **quiet)
+        # "local": a new instance, always. With no address ray.init would join the last cluster `ray start`
+        # made on this machine, which may be another user's, or a test's that is about to stop.
+        ray.init(address="local", num_cpus=cores, num_gpus=torch.cuda.device_count(), **quiet)
     return True
 
 
@@ -131,7 +151,8 @@ class Worker:
     def where(self) -> dict:
         """Where this worker runs: its node, the GPUs Ray gave it, the device name in its results."""
         return {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
-                "device": training.device_name(self.device), "pid": os.getpid()}
+                "device": training.device_name(self.device), "pid": os.getpid(),
+                "mps": self.device == "cuda" and mps_running()}
 
     def train(self, jobs: list[ray.ObjectRef], index: int, group: tuple[int, ...]) -> tuple[int, tuple, list[dict]]:
         """Run the seeds `group` of job `index` (`stacked.train_group`). `jobs`: [`share`'s reference], in a
@@ -158,9 +179,9 @@ def start_workers(n: int, gpu_each: float) -> list:
     return [Worker.options(**options).remote() for _ in range(n)]
 
 
-def devices(workers: list) -> set[str]:
-    """The device names the workers' results will carry (`training.device_name`)."""
-    return {w["device"] for w in ray.get([worker.where.remote() for worker in workers])}
+def placement(workers: list) -> list[dict]:
+    """Where each worker runs (`Worker.where`): its node, GPUs, device name and whether MPS runs there."""
+    return ray.get([worker.where.remote() for worker in workers])
 
 
 def results(workers: list, jobs: ray.ObjectRef, runs: list[tuple[int, tuple]]) -> Iterator[tuple[int, tuple, list[dict]]]:

@@ -116,8 +116,11 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto") -> 
             n, gpu_each = engine.plan(len(todo), workers, stack * engine.run_gib([job.model_path for job in jobs]))
             shared = engine.share(jobs)
             actors = engine.start_workers(n, gpu_each)
+            placed = engine.placement(actors)
+            if turns := engine.taking_turns(placed, gpu_each):
+                print(f"finetune: {turns}", flush=True)
             # A cluster's workers may compute on another device than this machine: look again under theirs.
-            for device in engine.devices(actors) - {local}:
+            for device in {w["device"] for w in placed} - {local}:
                 done.update({run: results for run in todo
                              if (results := cached(jobs[run[0]], run[1], device)) is not None})
             todo = sorted((run for run in todo if run not in done),
