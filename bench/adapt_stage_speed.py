@@ -214,10 +214,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=None, help="windows per step (default: the profile's)")
     ap.add_argument("--micro-batch", type=int, default=None, help="windows per forward pass (default: the profile's)")
     ap.add_argument("--compile", action="store_true", help="adapt.compile: torch.compile the training steps")
-    ap.add_argument("--finetune-mfu", type=float, default=0.091, help="the grid's MFU for encoder and CLIP-T runs "
-                    "(measured: 0.091, one compiled BERT-base run, each step recorded, on an H200, bench/results/h200)")
-    ap.add_argument("--full-mfu", type=float, default=0.038, help="the grid's MFU for `full` runs, never timed on a "
-                    "GPU (default: 0.038, the grid's rate before recording; bench/finetune_share.py --kind full measures it)")
+    ap.add_argument("--finetune-mfu", type=float, default=0.123, help="the grid's MFU for encoder and CLIP-T runs "
+                    "(measured: 0.123, four compiled BERT-base runs sharing an H200 under MPS, each step recorded; "
+                    "one run alone 0.091; bench/results/h200)")
+    ap.add_argument("--full-mfu", type=float, default=0.063, help="the grid's MFU for `full` runs (measured: 0.063, "
+                    "one compiled run of the whole cross-modal model on BERT-base, each step recorded, on an H200)")
     ap.add_argument("--tokens-per-example", type=float, default=TOKENS_PER_EXAMPLE, help="real tokens of a GLUE-like example")
     ap.add_argument("--finetune-only", action="store_true", help="no adaptation steps: build each model and write "
                     "the finetuning grid's projection alone (runs on a CPU)")
@@ -261,7 +262,7 @@ def same_step(p: dict, family: str, variant: str, rows: list[dict]) -> dict | No
 
 
 def mfu(args, kind: str) -> float:
-    """The finetuning MFU a run of `kind` is costed at: `full` runs have their own, not yet measured."""
+    """The finetuning MFU a run of `kind` is costed at: `full` runs have their own."""
     return args.full_mfu if kind == "full" else args.finetune_mfu
 
 
@@ -308,8 +309,8 @@ def write(args, p: dict, rows: list[dict]) -> None:
     lines += ["", f"## The whole paper run per family, GPU-hours ({gpu or 'projected for an H100'})", "",
               f"{adapt_line} Finetuning: the paper profile's grid (every run, seed and epoch over the real training sizes, "
               f"{args.tokens_per_example:g} real tokens an example) at 6 FLOPs per multiplying parameter and token, "
-              f"{args.finetune_mfu:.1%} MFU of {peak:g} TFLOP/s for encoder runs (`--finetune-mfu`: the measured recorded "
-              f"rate) and {args.full_mfu:.1%} for `full` runs (`--full-mfu`), which count the whole cross-modal model per "
+              f"{args.finetune_mfu:.1%} MFU of {peak:g} TFLOP/s for encoder runs (`--finetune-mfu`) and "
+              f"{args.full_mfu:.1%} for `full` runs (`--full-mfu`; both measured rates of recorded runs), which count the whole cross-modal model per "
               f"token. CLIP-T's runs are not in a family.", "",
               "| family | adaptations | adaptation GPU-hours | finetuning: encoder runs | finetuning: `full` runs | total |",
               "|" + " --- |" * 6]
