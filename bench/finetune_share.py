@@ -233,9 +233,10 @@ def write(args, n_params: int, rows: list[dict]) -> None:
     base = done[0]["tokens_per_second"] if done else None
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor()})"
     gpu = torch.cuda.is_available()
-    mode = "eager"
-    if args.compile:  # the mode is a GPU's: on a CPU the pipeline compiles without CUDA graphs
-        mode = "compiled" if not gpu else "compiled (default)" if args.cuda_graph else f"compiled ({args.compile_mode})"
+    mode, compiled = "eager", None
+    if args.compile:  # the mode is a GPU's: on a CPU, or with recorded steps, the pipeline compiles without CUDA graphs
+        compiled = "default" if args.cuda_graph or not gpu else args.compile_mode
+        mode = "compiled" if not gpu else f"compiled ({compiled})"
     if args.cuda_graph and gpu:
         mode += ", each step recorded as one CUDA graph"
     if args.stack > 1:
@@ -246,7 +247,7 @@ def write(args, n_params: int, rows: list[dict]) -> None:
         projection = "paper grid's BERT-b `full` runs"
     result = {"device": device, "torch": torch.__version__, "size": args.size, "kind": args.kind, "parameters": n_params,
               "task": args.task, "train_examples": args.train, "epochs": args.epochs, "lr": args.lr,
-              "batch_size": args.batch_size, "compile": args.compile and args.compile_mode,
+              "batch_size": args.batch_size, "compile": compiled,
               "cuda_graph": args.cuda_graph, "stack": args.stack,
               "timed_seeds_per_process": args.seeds, "rows": rows,
               "machine": f"{platform.machine()}, {os.cpu_count()} cores"}

@@ -11,11 +11,12 @@
 # SST-2 stand-in's 12 understate a step's work). A tiny random BERT learns them on the CPU (dev accuracy
 # 0.752, chance 0.5: finetune_share.py --size tiny --task rte --train 3000 --epochs 3 --lr 1e-3), and a
 # random BERT-base on an H200 (0.757). `sst2 2 5e-5 6000` is the earlier leases' set (BERT-base: 0.955).
-# Steps (STEPS="3 9 8" by default, about 500 s at most): 3 eight seeds stacked into one model, eager
-# kernels, each step recorded as one CUDA graph (finetune.cuda_graph); 9 one compiled recorded run of the
-# whole cross-modal model (the `full` kind, Table 8's runs, about half the paper grid's cost and never
-# timed); 8 four compiled recorded runs taking turns under MPS (CUDA's multi-process service: their
-# kernels run side by side). 4 is one run with torch.compile's own CUDA graphs (the reference the
+# Steps (STEPS="11 8 12" by default, about 500 s at most): 11 four compiled runs, each step recorded as
+# one CUDA graph (finetune.cuda_graph), taking turns on the GPU; 8 the same four under MPS (CUDA's
+# multi-process service: their kernels run side by side); 12 eight under MPS. Measured 2026-11-28
+# (bench/results/h200): 3 eight seeds stacked into one model, eager kernels, recorded; 8; 9 one compiled
+# recorded run of the whole cross-modal model (the `full` kind, Table 8's runs; its first compile takes
+# over 200 s). 4 is one run with torch.compile's own CUDA graphs (the reference the
 # recorded run of step 2 was compared with on another lease); 10 is step 9 with them. Step 1
 # checks that a recorded step trains as the eager step does, step 2 times one compiled recorded run
 # (both measured 2026-11-27, bench/results/h200); 5 is step 3 unrecorded (over 100 s there), 6 the stack
@@ -59,14 +60,14 @@ under_mps() {
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     return $status
 }
-want() { [[ " ${STEPS:-3 9 8} " == *" $1 "* ]]; }  # STEPS: which numbered steps to run
+want() { [[ " ${STEPS:-11 8 12} " == *" $1 "* ]]; }  # STEPS: which numbered steps to run
 # 1. one seed eagerly and with each step recorded as one CUDA graph, on the same seed: the losses and dev
 #    predictions should agree (and the seed trained twice, by default and in deterministic mode)
 #    If it fails, the recorded steps (2, 3) are skipped and step 4 runs instead: the lease's time goes to
 #    what can still be measured, and the log says why the recording failed
 recorded=1
 if want 1 && ! timed 120 bench/gpu_determinism.py --size base --train 2000 --out "$out"; then
-    recorded= STEPS="${STEPS:-3 9 8} 4"
+    recorded= STEPS="${STEPS:-11 8 12} 4"
     echo "step 1 failed: steps 2 and 3 skipped, step 4 added" | tee -a "$out/log.txt"
 fi
 # 2. one compiled run, each step one CUDA graph holding the compiled kernels: no host work between them
@@ -86,7 +87,7 @@ want 6 && TORCH_LOGS=recompiles share 270 --compile --cuda-graph --runs 1 --stac
 want 7 && share 120 --cuda-graph --runs 2 --stack 8 --seeds 8 --name share_stack8_graph_runs2
 # 8. four compiled runs, each step recorded, taking turns under MPS: recorded, one run nearly fills the GPU
 #    (2 and 4 runs without MPS made 181,900 and 186,791 real tokens/s, one run 173,312 on another H200),
-#    so more runs pay only if their kernels overlap
+#    so more runs pay only if their kernels overlap (they did: 233,705 on 2026-11-28)
 want 8 && under_mps share 150 --compile --cuda-graph --runs 4 --name share_graph_4_mps
 # 9. the whole cross-modal model (BERT-base, CLIP's text tower, 2 cross layers), compiled, each step recorded:
 #    its CLIP layout is rounded like batch lengths, so a few graphs serve the task. Its MFU replaces the cost
@@ -94,6 +95,11 @@ want 8 && under_mps share 150 --compile --cuda-graph --runs 4 --name share_graph
 [ -n "$recorded" ] && want 9 && share 240 --kind full --compile --cuda-graph --runs 1 --name share_full_graph
 # 10. step 9 with torch.compile's own CUDA graphs instead of recorded steps
 want 10 && share 240 --kind full --compile --runs 1 --name share_full_cudagraphs
+# 11. step 8 without MPS, on the same machine: what MPS adds (233,705 real tokens/s under it on one H200,
+#     186,791 without on another)
+[ -n "$recorded" ] && want 11 && share 150 --compile --cuda-graph --runs 4 --name share_graph_4
+# 12. eight compiled recorded runs under MPS: does sharing pay past 4 once the kernels overlap?
+[ -n "$recorded" ] && want 12 && under_mps share 200 --compile --cuda-graph --runs 8 --name share_graph_8_mps
 # MORE=1: the unstacked path's diagnosis, for a lease with time to spare
 if [ -n "${MORE:-}" ]; then
     # where a step goes: kernels by GPU time, host calls by CPU time, each operation that makes the host
