@@ -5,7 +5,6 @@ import dataclasses
 import os
 import random
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -602,33 +601,33 @@ def workdir(tmp_path, bert_dir):
     return tmp_path
 
 
-def run_stage(cwd: Path, workers: int = 2) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDBERT_FINETUNE_WORKERS": str(workers)}
-    return subprocess.run([sys.executable, str(ROOT / "stages" / "finetune.py")], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def run_stage_here(cwd: Path, args: tuple, monkeypatch, capsys) -> tuple[int, str]:
-    """The stage script in this process (its imports are already paid): (exit code, stderr)."""
+def run_stage_here(cwd: Path, args: tuple, monkeypatch, capsys, workers: int = 2) -> tuple[int, str, str]:
+    """The stage script in this process (its imports are already paid), with at most `workers` Ray workers:
+    (exit code, stdout, stderr)."""
     import runpy
 
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", ["stages/finetune.py", *args])
-    with pytest.raises(SystemExit) as exit_info:
+    monkeypatch.setenv("XDBERT_FINETUNE_WORKERS", str(workers))
+    code = 0
+    try:
         runpy.run_path(str(ROOT / "stages" / "finetune.py"), run_name="__main__")
-    return exit_info.value.code, capsys.readouterr().err
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def outputs(workdir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(workdir)): p.read_bytes() for p in (workdir / "results" / "finetune").rglob("*") if p.is_file()}
 
 
-def test_stage_writes_metrics_and_predictions(workdir):
+def test_stage_writes_metrics_and_predictions(workdir, monkeypatch, capsys):
     """Every task's runs in one grid of 2 Ray workers; then the same stage with 1 worker and an empty run
     cache writes the same bytes, and again with the cache trains nothing."""
     cache = workdir / "checkpoints" / "runs"
-    proc = run_stage(workdir, workers=2)
-    assert proc.returncode == 0, proc.stderr
+    code, log, err = run_stage_here(workdir, (), monkeypatch, capsys, workers=2)
+    assert code == 0, err
     for task, n_dev in (("sst2", 16), ("stsb", 12)):
         out = workdir / "results" / "finetune" / task / "tiny" / "xdbert"
         metrics = yaml.safe_load((out / "metrics.json").read_text())
@@ -638,16 +637,16 @@ def test_stage_writes_metrics_and_predictions(workdir):
         preds = pq.read_table(out / "predictions.parquet")
         assert preds.num_rows == 2 * n_dev and sorted(set(preds.column("seed").to_pylist())) == [0, 1]
         assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "predictions.parquet"]
-        assert f"finetune {task}: 0 of 2 runs reused from checkpoints/runs, 2 trained" in proc.stdout
-    assert "finetune stsb tiny/xdbert: median spearman" in proc.stdout
+        assert f"finetune {task}: 0 of 2 runs reused from checkpoints/runs, 2 trained" in log
+    assert "finetune stsb tiny/xdbert: median spearman" in log
     assert len(list(cache.glob("*.pt"))) == 4  # every finished run is kept by what decided it
     two = outputs(workdir)
     shutil.rmtree(cache)
-    alone = run_stage(workdir, workers=1)
-    assert alone.returncode == 0 and "finetune sst2: 0 of 2 runs reused" in alone.stdout, alone.stderr
+    code, log, err = run_stage_here(workdir, (), monkeypatch, capsys, workers=1)
+    assert code == 0 and "finetune sst2: 0 of 2 runs reused" in log, err
     assert outputs(workdir) == two  # the worker count is in no output byte
-    again = run_stage(workdir)
-    assert again.returncode == 0 and "finetune stsb: 2 of 2 runs reused from checkpoints/runs, 0 trained" in again.stdout
+    code, log, err = run_stage_here(workdir, (), monkeypatch, capsys)
+    assert code == 0 and "finetune stsb: 2 of 2 runs reused from checkpoints/runs, 0 trained" in log, err
     assert outputs(workdir) == two
 
 
@@ -758,7 +757,7 @@ def test_stage_rejects_bad_input_before_any_work(workdir, args, change, message,
         p.update({k: v for k, v in change.items() if k in ("adapt", "families")})
         p["tasks"]["names"] = change.get("names", p["tasks"]["names"])
         (workdir / "params.yaml").write_text(yaml.safe_dump(p))
-    code, err = run_stage_here(workdir, args, monkeypatch, capsys)
+    code, _, err = run_stage_here(workdir, args, monkeypatch, capsys)
     assert code == 2, err
     assert message in err and err.startswith("error: ") and err.count("\n") == 1
     assert not (workdir / "results").exists()
@@ -766,7 +765,7 @@ def test_stage_rejects_bad_input_before_any_work(workdir, args, change, message,
 
 def test_stage_fails_on_a_missing_split_file(workdir, monkeypatch, capsys):
     (workdir / "data" / "tasks" / "sst2" / "dev.parquet").unlink()
-    code, err = run_stage_here(workdir, (), monkeypatch, capsys)
+    code, _, err = run_stage_here(workdir, (), monkeypatch, capsys)
     assert code == 2 and "data/tasks/sst2/dev.parquet" in err and "it needs train, dev" in err
     assert not (workdir / "results").exists()
 

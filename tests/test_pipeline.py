@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import faults  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here runs `dvc repro` on a project of its own
+
 
 def sh(*cmd: str, cwd: Path) -> str:
     r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
@@ -61,6 +63,11 @@ def test_exp_run_with_more_epochs_reruns_adapt_only(repo):
     assert "adapt.epochs" in shown and "valid_mlm_loss" in shown
     rows = [r for r in shown.splitlines() if r and not r.startswith("Experiment")]
     assert len(rows) >= 2  # the workspace/baseline and the experiment
+    # The experiment stays in the workspace (adapt.epochs: 2 for every adaptation after it): back to the
+    # committed baseline, which the tests below build on
+    sh("git", "checkout", "--", ".", cwd=repo)
+    sh("dvc", "checkout", "ablate@mlm", cwd=repo)
+    assert "up to date" in sh("dvc", "status", "ablate@mlm", cwd=repo)
 
 
 def test_the_whole_graph_runs_then_skips(repo):
@@ -142,7 +149,6 @@ def test_a_pushed_run_is_pulled_not_recomputed(repo, tmp_path):
     assert ran(sh("dvc", "repro", cwd=clone)) == set()
 
 
-@pytest.mark.slow
 def test_the_short_campaign_loses_nothing(repo, tmp_path):
     """One kill per stage, four damaged inputs and a full disk, on a copy of the project reproduced above: every
     fault survived."""
