@@ -97,6 +97,14 @@ def test_a_stage_that_can_load_from_the_hub_depends_on_the_pins(name):
     assert ((ROOT / "xdbert/hub.py") in closure(script_of(stage))) == ("hub.lock.json" in deps), name
 
 
+@pytest.mark.parametrize("name", sorted(stages()))
+def test_a_stage_depends_on_the_mkl_library_numerics_loads(name):
+    """xdbert/mkl_dispatch.c decides which GEMM kernels MKL runs on an Intel CPU, so it decides bytes."""
+    stage = stages()[name]
+    runs_numerics = ROOT / "xdbert/numerics.py" in closure(script_of(stage))
+    assert runs_numerics == ("xdbert/mkl_dispatch.c" in stage.get("do", stage)["deps"]), name
+
+
 def test_the_check_sees_a_missing_dep(tmp_path):
     """The closure follows lazy imports inside functions, and imports made by imported modules."""
     script = tmp_path / "s.py"

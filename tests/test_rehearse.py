@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -105,6 +106,14 @@ def test_dataset_slices_load_through_the_paper_loaders_in_their_schemas(out, off
     read = load_read(p["tasks"]["read_path"])
     assert read["train"].num_rows + read["dev"].num_rows == ROWS["train"] + ROWS["dev"]
     provided.check(p)  # the CSV's header and COCO's captions, as the `corpus` stage checks them
+
+
+def test_the_clone_runs_its_own_code_with_mkls_zen_kernels(out):
+    """DIR's code comes first on the path; the library the install built (not in git) came along."""
+    code = "import xdbert, torch; from xdbert import numerics; print(xdbert.__file__, numerics.mkl_path())"
+    ran = subprocess.run([sys.executable, "-c", code], cwd=out, env=rehearse.offline_env(out),
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert ran == [str(out.resolve() / "xdbert/__init__.py"), "zen"]
 
 
 def test_params_differ_from_the_paper_profile_in_the_listed_counts_only(out):

@@ -42,6 +42,8 @@ def test_import_caps_cpu_kernels_at_avx2():
         blas = [lib for lib in threadpool_info() if lib["internal_api"] == "openblas"]
         assert len(blas) >= 2  # numpy's and scipy's
         assert {lib["architecture"] for lib in blas} == {"Haswell"}, blas
+        assert numerics.mkl_path() == "zen", \
+            "MKL picks its own GEMM kernels: the install did not build xdbert/mkl_dispatch.c (no C compiler?)"
 
 
 @pytest.mark.skipif(not numerics.X86_64, reason="the caps are x86-64 instruction sets")

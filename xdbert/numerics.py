@@ -12,6 +12,11 @@ ones, on family 23 the Zen ones (Haswell's), on a CPU it does not know a fallbac
 Every float64 dot product and matrix product of the analyses and metrics (PWCCA's SVDs, Pearson's r) goes
 through it, and the last bits differ between those kernels. `OPENBLAS_CORETYPE=Haswell` is its AVX2 cap.
 
+The caps do not make MKL pick the same GEMM kernel on every vendor: on AMD Zen it runs a Zen kernel, on
+an Intel CPU Intel's AVX2 one, and the two sum in another order. xdbert/mkl_dispatch.c gives MKL AMD
+Zen's answers to its two questions about the CPU, so an Intel Xeon writes the bytes AMD EPYCs write; it
+is loaded here, before torch, where the install built it.
+
 The number of threads decides how a sum is split, so it changes the bytes too (the cross-machine check in
 tests/test_reproducibility.py gives three results for 1, 2 and 4 threads): every process computes with
 `THREADS` threads, whatever the machine has, and a finetuning run with one (xdbert.finetuning.grid).
@@ -23,6 +28,8 @@ they are set on x86-64 only: an ARM OpenBLAS told to use Haswell's kernels would
 """
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 import os
 import platform
 
@@ -40,10 +47,38 @@ THREAD_COUNTS = {"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS
 
 def fix_cpu_numerics() -> None:
     """Set the caps (on x86-64) and thread counts in this process's environment; child processes inherit
-    them."""
+    them, and take MKL's AMD Zen kernels as every process that imports xdbert does."""
     if X86_64:
         os.environ.update(CPU_KERNEL_CAPS)
+        take_mkl_zen_path()
     os.environ.update(THREAD_COUNTS)
+
+
+def mkl_library() -> str | None:
+    """The library the install built from xdbert/mkl_dispatch.c (None without a C compiler)."""
+    spec = importlib.util.find_spec("xdbert._mkl_dispatch")
+    return spec.origin if spec is not None else None
+
+
+def take_mkl_zen_path() -> bool:
+    """Load xdbert/mkl_dispatch.c's library with its symbols global: torch, imported later, then finds
+    them before MKL's own. False where the install could not build it."""
+    library = mkl_library()
+    if library is None:
+        return False
+    ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+    return True
+
+
+def mkl_path() -> str:
+    """Which of MKL's GEMM paths this process takes: "zen" (every vendor's, with the library) or "vendor"
+    (MKL's own choice: Intel's kernels on an Intel CPU)."""
+    answers = ctypes.CDLL(None)  # the process's global symbols, where MKL's dispatch finds them
+    try:
+        zen = answers.mkl_serv_cpuiszen() == 1 and answers.mkl_serv_intel_cpu_true() == 0
+    except AttributeError:  # neither the library nor a global MKL: a torch without MKL
+        return "vendor"
+    return "zen" if zen else "vendor"
 
 
 def cpu_description() -> dict[str, str]:
@@ -64,5 +99,6 @@ def cpu_description() -> dict[str, str]:
     import torch
 
     info["torch capability"] = torch.backends.cpu.get_cpu_capability()
+    info["mkl path"] = mkl_path()
     info["torch threads"] = str(torch.get_num_threads())
     return info

@@ -15,11 +15,12 @@ embedded profile shows up before the GPU hours are spent:
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from xdbert import io, profiles
+from xdbert import io, numerics, profiles
 from xdbert.errors import PipelineError
 from xdbert.mirror import build_mirror, check_sizes, write_inputs
 
@@ -69,6 +70,9 @@ def clone(out: Path, say: Callable[[str], None]) -> None:
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True, check=True).stdout.strip()
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(out)], check=True)
+    library = numerics.mkl_library()  # built by the install, not in git: DIR's code would run without it
+    if library:
+        shutil.copy(library, out / "xdbert")
     with open(out / ".git" / "info" / "exclude", "a", encoding="utf-8") as f:
         f.write(f"/{CACHE}/\n")
     say(f"{out}: clone of {REPO} at {head.stdout.strip()}" + (" (your uncommitted changes are not in it)" if dirty else ""))
