@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from xdbert.data.tasks.registry import TaskSpec, get_task, to_table, write_tasks
-from xdbert import training
+from xdbert import numerics, training
 from xdbert.errors import PipelineError
 from xdbert.finetuning import data as fd
 from xdbert.finetuning import engine, grid, loop
@@ -180,6 +180,18 @@ def test_the_grid_gives_the_same_bytes_with_one_or_two_ray_workers(bert_dir):
             assert a["predictions"]["dev"].tobytes() == other["predictions"]["dev"].tobytes()
             assert (a["metrics"], a["first_epoch_loss"], a["last_epoch_loss"]) == \
                 (other["metrics"], other["first_epoch_loss"], other["last_epoch_loss"])
+
+
+def test_a_ray_worker_takes_the_mkl_path_of_this_process():
+    """A worker unpickles its actor class, which imports torch before xdbert: without the setup hook that
+    imports xdbert first, MKL picked Intel's GEMM kernels there on an Intel CPU (xdbert.numerics)."""
+    started = engine.connect()
+    try:
+        (where,) = engine.placement(engine.start_workers(1, 0.0))
+    finally:
+        if started:
+            engine.disconnect()
+    assert where["mkl"] == numerics.mkl_path() == ("zen" if numerics.X86_64 else "vendor")
 
 
 def test_the_grid_logs_no_ray_error(bert_dir, capfd):

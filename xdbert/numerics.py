@@ -22,7 +22,8 @@ tests/test_reproducibility.py gives three results for 1, 2 and 4 threads): every
 `THREADS` threads, whatever the machine has, and a finetuning run with one (xdbert.finetuning.grid).
 
 `import xdbert` applies all of this, so every stage, test and benchmark runs with it; torch reads the
-thread count when it is imported, so `xdbert` must be imported first. The values are set, not defaulted:
+thread count, and its MKL finds its answers, when torch is imported, so `xdbert` must be imported first
+(the grid's Ray workers import it by a setup hook: xdbert.finetuning.engine). The values are set, not defaulted:
 a shell that exported others would change the bytes silently. The caps are x86-64 instruction sets, so
 they are set on x86-64 only: an ARM OpenBLAS told to use Haswell's kernels would fall back to generic ones.
 """
@@ -32,6 +33,7 @@ import ctypes
 import importlib.util
 import os
 import platform
+import sys
 
 CPU_KERNEL_CAPS = {
     "ATEN_CPU_CAPABILITY": "avx2",      # torch's own vectorised kernels (softmax, GELU, LayerNorm, ...)
@@ -43,6 +45,7 @@ X86_64 = platform.machine().lower() in ("x86_64", "amd64")  # where the caps mea
 THREADS = 2             # per process: the 2-core machines the embedded profile's dvc.lock was computed on
 FINETUNING_THREADS = 1  # per finetuning run: the grid runs several one-thread runs side by side
 THREAD_COUNTS = {"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
+MKL_ZEN = False  # whether this process loaded xdbert/mkl_dispatch.c's library before torch
 
 
 def fix_cpu_numerics() -> None:
@@ -62,23 +65,21 @@ def mkl_library() -> str | None:
 
 def take_mkl_zen_path() -> bool:
     """Load xdbert/mkl_dispatch.c's library with its symbols global: torch, imported later, then finds
-    them before MKL's own. False where the install could not build it."""
+    them before MKL's own. Only before torch: once torch is loaded, MKL's own answers come first (a Ray
+    worker that unpickled its actor's torch before xdbert ran Intel's kernels: xdbert.finetuning.engine).
+    False where that was too late or the install could not build the library."""
+    global MKL_ZEN
     library = mkl_library()
-    if library is None:
-        return False
-    ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
-    return True
+    if library is not None and "torch" not in sys.modules:
+        ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+        MKL_ZEN = True
+    return MKL_ZEN
 
 
 def mkl_path() -> str:
-    """Which of MKL's GEMM paths this process takes: "zen" (every vendor's, with the library) or "vendor"
-    (MKL's own choice: Intel's kernels on an Intel CPU)."""
-    answers = ctypes.CDLL(None)  # the process's global symbols, where MKL's dispatch finds them
-    try:
-        zen = answers.mkl_serv_cpuiszen() == 1 and answers.mkl_serv_intel_cpu_true() == 0
-    except AttributeError:  # neither the library nor a global MKL: a torch without MKL
-        return "vendor"
-    return "zen" if zen else "vendor"
+    """Which of MKL's GEMM paths this process takes: "zen" (every vendor's: the library came before torch)
+    or "vendor" (MKL's own choice: Intel's kernels on an Intel CPU)."""
+    return "zen" if MKL_ZEN else "vendor"
 
 
 def cpu_description() -> dict[str, str]:

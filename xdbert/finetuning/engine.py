@@ -25,7 +25,7 @@ from ray.util import ActorPool
 from xdbert import training
 from xdbert.errors import PipelineError
 from xdbert.finetuning.stacked import train_group
-from xdbert.numerics import FINETUNING_THREADS
+from xdbert.numerics import FINETUNING_THREADS, mkl_path
 
 # How many runs go at once: environment variables, never params.
 WORKERS_ENV = "XDBERT_FINETUNE_WORKERS"
@@ -33,8 +33,8 @@ WORKERS_ENV = "XDBERT_FINETUNE_WORKERS"
 # 4 compiled runs sharing it gave 3.26x the tokens/s of one, 8 gave 3.64x, each needing under 2 GiB
 # (bench/results/h200). `auto` takes as many as the GPU's memory holds runs of the grid's largest model
 # (`run_gib`), at most 8. Without CUDA's multi-process service (MPS) the runs' kernels take turns on the
-# GPU; under it they run side by side: 4 recorded runs made 233,705 real tokens/s under MPS, 186,791
-# without (two H200s, 2026-11-28).
+# GPU; under it they run side by side: 4 recorded runs made 233,705 real tokens/s under MPS (an H200,
+# 2026-11-28), 186,791 without (another H200, 2026-11-27).
 RUNS_PER_GPU_ENV = "XDBERT_RUNS_PER_GPU"
 MAX_RUNS_PER_GPU = 8
 GIB_PER_RUN = 2.5  # the measured 1.9 GiB of a BERT-base run, with room for longer batches
@@ -103,7 +103,10 @@ def connect() -> bool:
     True when this call started Ray (so the caller shuts it down)."""
     if ray.is_initialized():
         return False
-    quiet = {"include_dashboard": False, "logging_level": "ERROR", "configure_logging": True}
+    # Every worker imports xdbert first: unpickling the actor class imports its module's globals, torch
+    # before xdbert, and MKL would then pick its kernels by the CPU's vendor (xdbert.numerics)
+    quiet = {"include_dashboard": False, "logging_level": "ERROR", "configure_logging": True,
+             "runtime_env": {"worker_process_setup_hook": "xdbert.numerics.fix_cpu_numerics"}}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(**quiet)  # ray.init reads RAY_ADDRESS itself
     else:
@@ -149,10 +152,11 @@ class Worker:
             torch.set_num_threads(FINETUNING_THREADS)  # a run's bytes must not depend on the machine
 
     def where(self) -> dict:
-        """Where this worker runs: its node, the GPUs Ray gave it, the device name in its results."""
+        """Where this worker runs: its node, the GPUs Ray gave it, the device name in its results, whether
+        MPS runs there, and MKL's path (`numerics.mkl_path`)."""
         return {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
                 "device": training.device_name(self.device), "pid": os.getpid(),
-                "mps": self.device == "cuda" and mps_running()}
+                "mps": self.device == "cuda" and mps_running(), "mkl": mkl_path()}
 
     def train(self, jobs: list[ray.ObjectRef], index: int, group: tuple[int, ...]) -> tuple[int, tuple, list[dict]]:
         """Run the seeds `group` of job `index` (`stacked.train_group`). `jobs`: [`share`'s reference], in a
