@@ -6,8 +6,9 @@ speed. This copies the checkout's code, params and stage inputs (data/, models/,
 a scratch folder, so nothing of the workspace is touched, and runs each stage script there `--rounds`
 times in each mode, alternating (capped, plain, plain, capped, ...), so drift in the machine's speed
 falls on both alike. "plain" puts back the environment the process started with right after `import
-xdbert`, before torch is imported, so torch, MKL, oneDNN and OpenBLAS pick their own kernels; the one
-thread of a finetuning run stays (it is code, not environment). The stages' outputs must be in place
+xdbert`, before torch is imported, and keeps xdbert/mkl_dispatch.c's library unloaded, so torch, MKL,
+oneDNN and OpenBLAS pick their own kernels (on an Intel CPU, MKL its Intel ones); the one thread of a
+finetuning run stays (it is code, not environment). The stages' outputs must be in place
 (`dvc repro` once).
 `--stages all` runs the whole embedded `dvc repro`: every stage's own command, in the order DVC runs them
 (from `dvc repro --dry --force`), so the sum is the study's compute without DVC's hashing, which is the
@@ -38,6 +39,8 @@ from xdbert import numerics  # noqa: E402
 LAUNCH = """
 import os, runpy, sys
 before = dict(os.environ)
+if sys.argv[1] == "plain":
+    sys.modules["xdbert._mkl_dispatch"] = None  # unfound: MKL picks its GEMM kernels by the CPU's vendor
 import xdbert
 if sys.argv[1] == "plain":
     for key in {keys!r}:
@@ -107,8 +110,8 @@ def main() -> None:
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# The CPU kernel caps' cost: {cpu.get('model name', '?')} (family {cpu.get('cpu family', '?')}), "
              f"{os.cpu_count()} cores", "",
-             f"Each stage script ran {args.rounds} times capped (AVX2 kernels, 2 threads: `xdbert/numerics.py`) and "
-             f"{args.rounds} times plain (the machine's own kernels, torch's default threads), alternating, on the "
+             f"Each stage script ran {args.rounds} times capped (AVX2 kernels, MKL's Zen path, 2 threads: "
+             f"`xdbert/numerics.py`) and {args.rounds} times plain (the machine's own kernels, torch's default threads), alternating, on the "
              "embedded profile's inputs. Seconds per run, start-up included.", "",
              "| stage | capped s | plain s | capped / plain |", "| --- | --- | --- | --- |"]
     for stage, v in seconds.items():

@@ -11,18 +11,12 @@
 # SST-2 stand-in's 12 understate a step's work). A tiny random BERT learns them on the CPU (dev accuracy
 # 0.752, chance 0.5: finetune_share.py --size tiny --task rte --train 3000 --epochs 3 --lr 1e-3), and a
 # random BERT-base on an H200 (0.757). `sst2 2 5e-5 6000` is the earlier leases' set (BERT-base: 0.955).
-# Steps (STEPS="11 8 12" by default, about 500 s at most): 11 four compiled runs, each step recorded as
-# one CUDA graph (finetune.cuda_graph), taking turns on the GPU; 8 the same four under MPS (CUDA's
-# multi-process service: their kernels run side by side); 12 eight under MPS. Measured 2026-11-28
-# (bench/results/h200): 3 eight seeds stacked into one model, eager kernels, recorded; 8; 9 one compiled
-# recorded run of the whole cross-modal model (the `full` kind, Table 8's runs; its first compile takes
-# over 200 s). 4 is one run with torch.compile's own CUDA graphs (the reference the
-# recorded run of step 2 was compared with on another lease); 10 is step 9 with them. Step 1
-# checks that a recorded step trains as the eager step does, step 2 times one compiled recorded run
-# (both measured 2026-11-27, bench/results/h200); 5 is step 3 unrecorded (over 100 s there), 6 the stack
-# compiled and recorded, 7 two processes of step 3 (16 runs). MORE=1 adds the unstacked path's profile and
-# RUNS (default 8) compiled processes taking turns, then under MPS; TRAINER=1 adds the comparison with
-# the transformers Trainer (both compiled, the pipeline recorded).
+# STEPS picks the numbered steps below, each described where it runs (default "11 8 12": four compiled
+# recorded runs taking turns on the GPU, the same four under CUDA's multi-process service (MPS), eight
+# under MPS; about 500 s at most). Steps 1-4 and 8-9 were measured on 2026-11-27 and 2026-11-28
+# (bench/results/h200). MORE=1 adds the unstacked path's profile and RUNS (default 8) compiled processes
+# taking turns, then under MPS; TRAINER=1 adds the comparison with the transformers Trainer (both
+# compiled, the pipeline recorded).
 # Results and the whole log land in bench/results/gpu/, and as one archive in $OUT when $OUT is set,
 # beside the compile cache (compile-cache.tgz: put it in the checkout as .compile-cache.tgz and carry it
 # to skip the next lease's cold compile; bench/gpu_env.sh unpacks it).
