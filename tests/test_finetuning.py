@@ -192,6 +192,10 @@ def test_a_ray_worker_takes_the_mkl_path_of_this_process():
         if started:
             engine.disconnect()
     assert where["mkl"] == numerics.mkl_path() == ("zen" if numerics.X86_64 else "vendor")
+    assert engine.mkl_differs([where]) is None
+    other = {**where, "mkl": "vendor" if where["mkl"] == "zen" else "zen"}
+    assert "1 CPU worker(s) take MKL's" in engine.mkl_differs([where, other])
+    assert engine.mkl_differs([{**other, "gpus": ["0"]}]) is None  # a GPU run's GEMMs are not MKL's
 
 
 def test_the_grid_logs_no_ray_error(bert_dir, capfd):

@@ -98,6 +98,16 @@ def taking_turns(placed: list[dict], gpu_each: float) -> str | None:
             "take turns: start it there (`nvidia-cuda-mps-control -d`) before Ray for about 1.25x (docs/gpus.md)")
 
 
+def mkl_differs(placed: list[dict]) -> str | None:
+    """For the log: CPU workers (`placed`: their `where`) that take another MKL path than this process, so
+    that on an Intel CPU their runs write other bytes than this process would; None when all agree."""
+    others = [w for w in placed if not w["gpus"] and w["mkl"] != mkl_path()]
+    if not others:
+        return None
+    return (f"{len(others)} CPU worker(s) take MKL's {others[0]['mkl']} GEMM path, this process the {mkl_path()} one: "
+            "on Intel CPUs their runs write other bytes; install xdbert there with a C compiler (docs/reproducibility.md)")
+
+
 def connect() -> bool:
     """Join the Ray cluster of `RAY_ADDRESS`, or start a local instance sized to this machine.
     True when this call started Ray (so the caller shuts it down)."""

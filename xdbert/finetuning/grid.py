@@ -117,8 +117,9 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto") -> 
             shared = engine.share(jobs)
             actors = engine.start_workers(n, gpu_each)
             placed = engine.placement(actors)
-            if turns := engine.taking_turns(placed, gpu_each):
-                print(f"finetune: {turns}", flush=True)
+            for warning in (engine.taking_turns(placed, gpu_each), engine.mkl_differs(placed)):
+                if warning:
+                    print(f"finetune: {warning}", flush=True)
             # A cluster's workers may compute on another device than this machine: look again under theirs.
             for device in {w["device"] for w in placed} - {local}:
                 done.update({run: results for run in todo
