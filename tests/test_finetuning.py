@@ -173,29 +173,17 @@ def test_the_grid_gives_the_same_bytes_with_one_or_two_ray_workers(bert_dir):
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1))
     here = grid.run_seeds(job, [5, 6])
-    one, two = (grid.run_grid([(job, [5, 6])], workers=n)[0] for n in (1, 2))
+    assert engine.connect()  # one Ray instance for both grids
+    try:
+        one, two = (grid.run_grid([(job, [5, 6])], workers=n)[0] for n in (1, 2))
+    finally:
+        engine.disconnect()
     assert [r["seed"] for r in two] == [5, 6]
     for a, b, c in zip(here, one, two):
         for other in (b, c):
             assert a["predictions"]["dev"].tobytes() == other["predictions"]["dev"].tobytes()
             assert (a["metrics"], a["first_epoch_loss"], a["last_epoch_loss"]) == \
                 (other["metrics"], other["first_epoch_loss"], other["last_epoch_loss"])
-
-
-def test_a_ray_worker_takes_the_mkl_path_of_this_process():
-    """A worker unpickles its actor class, which imports torch before xdbert: without the setup hook that
-    imports xdbert first, MKL picked Intel's GEMM kernels there on an Intel CPU (xdbert.numerics)."""
-    started = engine.connect()
-    try:
-        (where,) = engine.placement(engine.start_workers(1, 0.0))
-    finally:
-        if started:
-            engine.disconnect()
-    assert where["mkl"] == numerics.mkl_path() == ("zen" if numerics.X86_64 else "vendor")
-    assert engine.mkl_differs([where]) is None
-    other = {**where, "mkl": "vendor" if where["mkl"] == "zen" else "zen"}
-    assert "1 CPU worker(s) take MKL's" in engine.mkl_differs([where, other])
-    assert engine.mkl_differs([{**other, "gpus": ["0"]}]) is None  # a GPU run's GEMMs are not MKL's
 
 
 def test_the_grid_logs_no_ray_error(bert_dir, capfd):
@@ -237,6 +225,16 @@ def test_workers_share_each_gpu_as_its_memory_allows(monkeypatch):
         engine.plan(100, "auto")
     resources.update(CPU=2, GPU=0)
     assert engine.plan(100, "auto") == (2, 0.0) and engine.plan(100, 8) == (2, 0.0)  # one worker per CPU
+
+
+def test_cpu_workers_on_another_mkl_path_are_named_in_the_log():
+    """A worker whose install built no xdbert/mkl_dispatch.c runs MKL's own kernels: on an Intel CPU its
+    runs write other bytes than this process's would (xdbert.numerics)."""
+    same = {"node": "a", "gpus": [], "mkl": numerics.mkl_path()}
+    other = {**same, "mkl": "vendor" if same["mkl"] == "zen" else "zen"}
+    assert engine.mkl_differs([same, same]) is None
+    assert "1 CPU worker(s) take MKL's" in engine.mkl_differs([same, other])
+    assert engine.mkl_differs([{**other, "gpus": ["0"]}]) is None  # a GPU run's GEMMs are not MKL's
 
 
 def test_runs_sharing_a_gpu_without_mps_are_named_in_the_log(tmp_path, monkeypatch):
@@ -328,7 +326,9 @@ def test_a_killed_worker_is_replaced_and_its_run_retried(bert_dir):
 def test_a_two_node_cluster_puts_each_worker_on_its_own_gpu(bert_dir, monkeypatch):
     """Two Ray nodes with one (pretend) GPU each, as `ray start` on two GPU machines would make: one run
     per GPU gives two workers, each on its own node and GPU, and the grid's results are the usual ones.
-    Without RAY_ADDRESS the stage starts Ray of its own even while that cluster runs."""
+    Without RAY_ADDRESS the stage starts Ray of its own even while that cluster runs. Each worker takes
+    this process's MKL path: unpickling the actor class imports torch before xdbert, and without the
+    setup hook that imports xdbert first, MKL picked Intel's GEMM kernels there on an Intel CPU."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -343,6 +343,7 @@ def test_a_two_node_cluster_puts_each_worker_on_its_own_gpu(bert_dir, monkeypatc
         assert engine.plan(10, "auto") == (2, 1.0)
         where = ray.get([w.where.remote() for w in engine.start_workers(2, 1.0)])
         assert len({w["node"] for w in where}) == 2 and all(len(w["gpus"]) == 1 for w in where)
+        assert [w["mkl"] for w in where] == [numerics.mkl_path()] * 2 == [("zen" if numerics.X86_64 else "vendor")] * 2
         (results,) = grid.run_grid([(job, [0, 1])])
         ray.shutdown()
         # No RAY_ADDRESS: a Ray instance of the stage's own, not the cluster this machine already runs
