@@ -37,7 +37,11 @@ def main() -> None:
     name = f"{family}/{variant}"
     stage = {params.PROPOSED: f"adapt@{family}", params.BASELINE: f"adapt_baseline@{family}"}.get(variant, f"ablate@{variant}")
 
-    # Heavy imports after the params are known to be good: a typo fails in a second.
+    from xdbert.data import shards
+
+    manifest = shards.read_manifest(paths.SHARDS)
+    # Heavy imports after the params and the manifest are known to be good: a typo or a missing input
+    # fails in a second.
     import torch
 
     from xdbert.adaptation.launch import launch_command
@@ -53,12 +57,10 @@ def main() -> None:
 
     from xdbert.adaptation.loop import BatchMaker, adapt
     from xdbert.clip import clip_special_ids
-    from xdbert.data import shards
     from xdbert.data.tokenization.vocab import check_shared_vocabulary
     from xdbert.model.build import build_xdbert
     from xdbert.model.saving import save_adapted, save_full
 
-    manifest = shards.read_manifest(paths.SHARDS)
     shards.check_matches(manifest, tokenizer_dir=paths.TOKENIZER, clip_name=model.clip)
     check_shared_vocabulary(model.encoder, family, paths.TOKENIZER)
     # verify: a flipped byte inside a shard still reads as Arrow; only its sha256 tells

@@ -27,13 +27,13 @@ def main() -> None:
 
     p = params.load()
     study_families = families(p)
-    plan = []
+    plan, tables = [], {}
     for name in task_names(p):
         task = get_task(name)
         settings = FinetuneSettings.from_params(p, task)
         runs = settings.study.runs(task.name)
+        tables[task.name] = fd.read_task(paths.TASKS, task)  # every split is there and reads, before any work
         check_model_folders(runs, paths.TOKENIZER)
-        fd.task_files(paths.TASKS, task)  # every split is there, before any work
         plan.append((task, settings, runs))
 
     # Heavy imports only once the inputs are known to be good: a typo fails in a second.
@@ -45,8 +45,8 @@ def main() -> None:
     workers = workers_from_env()
     jobs = []
     for task, settings, runs in plan:
-        tables = fd.read_task(paths.TASKS, task)
-        jobs.append([prepare(r.model_kind, r.model_dir, tables, settings, tokenizer_dir=paths.TOKENIZER,
+        task_tables = tables.pop(task.name)  # tokenized into the jobs: the text is not kept
+        jobs.append([prepare(r.model_kind, r.model_dir, task_tables, settings, tokenizer_dir=paths.TOKENIZER,
                              run_cache=paths.RUN_CACHE, protocol=r.protocol, family=study_families.get(r.family))
                      for r in runs])
     work = [(job, settings.seeds_of(r)) for (_, settings, runs), task_jobs in zip(plan, jobs)

@@ -12,6 +12,7 @@ of similar length, so little compute goes to padding, while every epoch still se
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -159,6 +160,7 @@ def encode_bert(tokenizer, spec: TaskSpec, table: pa.Table, max_len: int) -> Enc
     )
 
 
+@functools.cache  # once per process: the stage prepares a job per model and task, and each build took 0.3 s
 def clip_block_encoder(clip_name: str) -> tuple[Callable[[list[str], int], np.ndarray], int]:
     """(to_blocks, eot_id) for CLIP model `clip_name`, with the `dual_tokenize` stage's pieces.
 
