@@ -154,7 +154,12 @@ class Worker:
     arguments lived in its object store (ray-project/ray#53727, about which it logs an error), and the
     tokenized jobs are far above the size it stores inline."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: str) -> None:
+        # The jobs' model paths are relative to the stage's folder, and a worker starts in the folder its
+        # node's `ray start` ran in: on a cluster, the repository's path on a shared filesystem. Where it is
+        # missing, `train` names the node.
+        if os.path.isdir(folder):
+            os.chdir(folder)
         self.jobs: list | None = None
         gpu = torch.cuda.is_available() and bool(ray.get_gpu_ids())
         self.device = "cuda" if gpu else "cpu"  # Ray made the worker's GPU the only one it sees
@@ -188,9 +193,9 @@ def share(jobs: list) -> ray.ObjectRef:
 
 
 def start_workers(n: int, gpu_each: float) -> list:
-    """`n` workers, each asking for one CPU and `gpu_each` of a GPU."""
+    """`n` workers, each asking for one CPU and `gpu_each` of a GPU, in this process's folder."""
     options = {"num_cpus": 1, "num_gpus": gpu_each, "max_restarts": RETRIES, "max_task_retries": RETRIES}
-    return [Worker.options(**options).remote() for _ in range(n)]
+    return [Worker.options(**options).remote(os.getcwd()) for _ in range(n)]
 
 
 def placement(workers: list) -> list[dict]:
