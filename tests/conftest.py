@@ -38,3 +38,23 @@ def load_stage(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def _ray_stopped_after_module():
+    yield
+    import ray
+
+    ray.shutdown()
+
+
+@pytest.fixture
+def local_ray(_ray_stopped_after_module):
+    """One local Ray instance for a module's grids, started by the first test that needs it (or again after
+    a test stopped it) and stopped after the module's last test: starting and stopping one took about 4 s
+    of each grid test. `run_grid` joins it, as the stage joins a cluster (`engine.connect` starts nothing
+    while Ray runs)."""
+    from xdbert.finetuning import engine
+
+    engine.connect()
+    yield

@@ -20,11 +20,6 @@ def run_without_absent(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", hide + code], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def test_the_gpu_benchmarks_import_without_ray_dvc_or_datasets():
-    done = run_without_absent("import adapt_stage_speed, finetune_share, finetune_speed, gpu_determinism")
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
 def test_the_gpu_scripts_parse():
     """A lease is 15 minutes: a shell syntax error in a script found there costs one."""
     scripts = sorted((ROOT / "bench").glob("gpu_*.sh"))
@@ -34,12 +29,14 @@ def test_the_gpu_scripts_parse():
         assert done.returncode == 0, f"{script.name}: {done.stderr}"
 
 
-def test_the_adapt_cost_table_is_written_without_ray_dvc_or_datasets(tmp_path):
-    """The finetuning cost of a family, each kind of run at its own MFU: encoder runs at the recorded rate,
+def test_the_gpu_benchmarks_import_and_write_the_cost_table_without_ray_dvc_or_datasets(tmp_path):
+    """Every benchmark the GPU scripts run imports there (one interpreter for all: each costs seconds). Then
+    the finetuning cost of a family, each kind of run at its own MFU: encoder runs at the recorded rate,
     `full` runs (never timed on a GPU) at theirs. 6 FLOPs per multiplying parameter and real token."""
     argv = ["adapt_stage_speed.py", "--sizes", "tiny", "--finetune-only", "--families", "bert-b",
             "--variants", "xdbert", "--finetune-mfu", "0.1", "--full-mfu", "0.04", "--out", str(tmp_path)]
-    done = run_without_absent(f"import runpy\nsys.argv = {argv!r}\nrunpy.run_path('bench/adapt_stage_speed.py', run_name='__main__')")
+    done = run_without_absent("import adapt_stage_speed, finetune_share, finetune_speed, gpu_determinism, runpy\n"
+                              f"sys.argv = {argv!r}\nrunpy.run_path('bench/adapt_stage_speed.py', run_name='__main__')")
     assert done.returncode == 0, done.stderr[-2000:]
     table = (tmp_path / "adapt_stage_speed.md").read_text(encoding="utf-8")
     assert "| bert-b | - | - |" in table  # the finetuning columns alone, for the family asked
@@ -60,27 +57,23 @@ def finetune_share(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.Co
     return done, json.loads((tmp_path / f"{name}.json").read_text())
 
 
-def test_finetune_share_reports_both_rates_and_a_profile(tmp_path):
-    """The script gpu_finetune.sh runs, at a tiny size on the CPU: 1 and 2 runs sharing the device, the
-    rate over whole seeds and the (higher) rate inside the training loops, the single run's profile (by
-    GPU time, then by host time) and each run's progress lines."""
-    done, result = finetune_share(tmp_path, "share", "--task", "sst2", "--runs", "1,2", "--seeds", "1", "--profile", "--sync-debug")
+def test_finetune_share_reports_both_rates_and_a_profile_of_stacked_seeds(tmp_path):
+    """The script gpu_finetune.sh runs, at a tiny size on the CPU: 1 and 2 processes sharing the device, the
+    rate over whole seeds and the (higher) rate inside the training loops, the single process's profile
+    (by GPU time, then by host time) and each process's progress lines. `--stack 2`: each process trains
+    its 2 timed seeds as one stacked model, and both are counted; with `--cuda-graph` (on the CPU: the
+    same steps, unrecorded). One invocation for all: each spawned process costs seconds of imports."""
+    done, result = finetune_share(tmp_path, "share", "--task", "sst2", "--runs", "1,2", "--seeds", "2", "--stack", "2",
+                                  "--cuda-graph", "--profile", "--sync-debug")
     rows = result["rows"]
     assert [r["runs_per_gpu"] for r in rows] == [1, 2] and not any("error" in r for r in rows)
     assert all(r["loop_tokens_per_second"] > r["tokens_per_second"] > 0 for r in rows)
-    assert "in loops: real tokens/s" in (tmp_path / "share.md").read_text()
+    assert result["stack"] == 2 and result["cuda_graph"] and [len(r["dev_accuracy"]) for r in rows] == [2, 4]
+    table = (tmp_path / "share.md").read_text()
+    assert "in loops: real tokens/s" in table and "| 1 x 2 stacked |" in table and "| 2 x 2 stacked |" in table
     profile = (tmp_path / "share_profile.txt").read_text()
     assert profile.count("Self CPU time total") == 2  # two tables: by GPU time, by the host's own time
     assert done.stderr.count("warmed up in") == 3 and done.stderr.count("timed seeds done in") == 3
-
-
-def test_finetune_share_trains_stacked_seeds_in_one_process(tmp_path):
-    """`--stack 2`: one process trains its 2 timed seeds as one stacked model; both are counted. With
-    `--cuda-graph` (on the CPU: the same steps, unrecorded)."""
-    _, result = finetune_share(tmp_path, "stacked", "--task", "sst2", "--runs", "1", "--seeds", "2", "--stack", "2", "--cuda-graph")
-    (row,) = result["rows"]
-    assert result["stack"] == 2 and result["cuda_graph"] and len(row["dev_accuracy"]) == 2 and row["loop_tokens_per_second"] > 0
-    assert "| 1 x 2 stacked |" in (tmp_path / "stacked.md").read_text()
 
 
 def test_finetune_share_times_the_full_kind_recorded(tmp_path):

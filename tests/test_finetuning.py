@@ -167,17 +167,13 @@ def test_fp16_forced_on_the_cpu_learns_with_loss_scaling(bert_dir, monkeypatch):
     assert r["last_epoch_loss"] < 0.5 * r["first_epoch_loss"]
 
 
-def test_the_grid_gives_the_same_bytes_with_one_or_two_ray_workers(bert_dir):
+def test_the_grid_gives_the_same_bytes_with_one_or_two_ray_workers(bert_dir, local_ray):
     """Each run's result is a function of the run alone: not of how many workers the grid had, nor of
     whether a Ray worker or this process trained it."""
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1))
     here = grid.run_seeds(job, [5, 6])
-    assert engine.connect()  # one Ray instance for both grids
-    try:
-        one, two = (grid.run_grid([(job, [5, 6])], workers=n)[0] for n in (1, 2))
-    finally:
-        engine.disconnect()
+    one, two = (grid.run_grid([(job, [5, 6])], workers=n)[0] for n in (1, 2))
     assert [r["seed"] for r in two] == [5, 6]
     for a, b, c in zip(here, one, two):
         for other in (b, c):
@@ -186,7 +182,7 @@ def test_the_grid_gives_the_same_bytes_with_one_or_two_ray_workers(bert_dir):
                 (other["metrics"], other["first_epoch_loss"], other["last_epoch_loss"])
 
 
-def test_the_grid_logs_no_ray_error(bert_dir, capfd):
+def test_the_grid_logs_no_ray_error(bert_dir, local_ray, capfd):
     """Tokenized jobs are above the size Ray passes inline. Given to the workers' constructors, they made
     Ray log an error in every grid (it cannot restart an actor from such arguments, ray-project/ray#53727);
     the workers now fetch them with their first run."""
@@ -269,7 +265,7 @@ def test_a_runs_gpu_memory_grows_with_the_largest_model_of_the_grid(tmp_path):
     assert engine.run_gib([]) == pytest.approx(2.5)
 
 
-def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir):
+def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir, local_ray):
     # Runs of several jobs share one pool and finish in any order; each job must get its own seeds back.
     sst2 = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(get_task("sst2"), epochs=1))
     stsb = prepare("encoder", bert_dir, keyword_tables("stsb", 48, 32), settings(get_task("stsb"), epochs=1))
@@ -285,7 +281,7 @@ def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir):
         grid.run_grid([(sst2, [0]), (stsb, [])], workers=2)
 
 
-def test_a_killed_worker_is_replaced_and_its_run_retried(bert_dir):
+def test_a_killed_worker_is_replaced_and_its_run_retried(bert_dir, local_ray):
     """A worker process killed mid-run (an OOM killer, a lost node): Ray starts another, the run is
     trained again, and the grid ends with the results it would have had."""
     import signal
@@ -328,14 +324,18 @@ def test_a_two_node_cluster_puts_each_worker_on_its_own_gpu(bert_dir, monkeypatc
     per GPU gives two workers, each on its own node and GPU, and the grid's results are the usual ones.
     Without RAY_ADDRESS the stage starts Ray of its own even while that cluster runs. Each worker takes
     this process's MKL path: unpickling the actor class imports torch before xdbert, and without the
-    setup hook that imports xdbert first, MKL picked Intel's GEMM kernels there on an Intel CPU."""
+    setup hook that imports xdbert first, MKL picked Intel's GEMM kernels there on an Intel CPU. The
+    model path is relative, as the stage's are: the workers start where the cluster was started, and
+    find it from the stage's folder."""
     import ray
     from ray.cluster_utils import Cluster
 
-    job = prepare("encoder", bert_dir, keyword_tables("sst2", 48, 16), settings(get_task("sst2"), epochs=1))
+    ray.shutdown()  # the local instance other tests' grids share (`local_ray`): the next of them starts it again
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what each node's raylet sees; this machine has no GPU
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1})
     cluster.add_node(num_cpus=1, num_gpus=1)
+    monkeypatch.chdir(Path(bert_dir).parent)
+    job = prepare("encoder", Path(bert_dir).name, keyword_tables("sst2", 48, 16), settings(get_task("sst2"), epochs=1))
     monkeypatch.setenv(engine.RUNS_PER_GPU_ENV, "1")
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
     try:
@@ -639,7 +639,7 @@ def outputs(workdir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(workdir)): p.read_bytes() for p in (workdir / "results" / "finetune").rglob("*") if p.is_file()}
 
 
-def test_stage_writes_metrics_and_predictions(workdir, monkeypatch, capsys):
+def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, capsys):
     """Every task's runs in one grid of 2 Ray workers; then the same stage with 1 worker and an empty run
     cache writes the same bytes, and again with the cache trains nothing."""
     cache = workdir / "checkpoints" / "runs"

@@ -99,7 +99,7 @@ def test_stacked_batches_pad_lengths_with_pad_ids_and_rows_with_copies(bert_dir)
     assert filled["input_ids"].shape == (2, 16, -(-length // 8) * 8)
 
 
-def test_the_grid_trains_seeds_in_stacks_and_keys_each_run_by_its_stack(bert_dir, tmp_path):
+def test_the_grid_trains_seeds_in_stacks_and_keys_each_run_by_its_stack(bert_dir, local_ray, tmp_path):
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1, stack=2))
     assert grid.groups(job, [4, 0, 2]) == [(4, 0), (2,)]
