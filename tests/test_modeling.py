@@ -491,6 +491,29 @@ def test_init_range_sets_the_new_modules_std_and_only_theirs():
             tiny_config(init_range=bad).validate()
 
 
+def test_variants_share_the_initial_weights_of_the_parts_they_share():
+    """Table 3 compares losses, so a part two variants both have starts the same in both, whatever else
+    each builds first (its heads, a CLIP tower or a placeholder, a second cross layer)."""
+    def weights(module):
+        return {k: v.clone() for k, v in module.state_dict().items()}
+
+    xdbert = tiny_model()
+    others = {"mlm": tiny_model(losses=["mlm"]), "mlm_match": tiny_model(losses=["mlm", "match"]),
+              "placeholder": tiny_model(placeholder=True, losses=["mlm"])}
+    layers, mlm_head = weights(xdbert.cross_layers), weights(xdbert.mlm_head.dense)
+    for name, model in others.items():
+        assert all(torch.equal(v, model.cross_layers.state_dict()[k]) for k, v in layers.items()), name
+        assert all(torch.equal(v, model.mlm_head.dense.state_dict()[k]) for k, v in mlm_head.items()), name
+    assert torch.equal(xdbert.match_head.dense.weight, others["mlm_match"].match_head.dense.weight)
+    one = tiny_model(cross_layers=1)
+    first = weights(xdbert.cross_layers[0])
+    assert all(torch.equal(v, one.cross_layers[0].state_dict()[k]) for k, v in first.items())
+    # another seed, other weights; and the parts differ from each other
+    assert not torch.equal(tiny_model(seed=1).cross_layers[0].language_cross.attention.query.weight,
+                           xdbert.cross_layers[0].language_cross.attention.query.weight)
+    assert not torch.equal(xdbert.match_head.dense.weight, xdbert.mlm_head.dense.weight)
+
+
 def test_mlm_only_baseline_uses_no_clip():
     model = tiny_model(cross_layers=0, losses=["mlm"])
     assert model.clip is None and len(model.cross_layers) == 0

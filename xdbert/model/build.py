@@ -1,11 +1,12 @@
 """The cross-modal model an adaptation variant trains, assembled from params as the `adapt` stage starts it.
 
-`build_xdbert` takes these steps, in this order (the initial weights depend on it):
+`build_xdbert` takes these steps:
 
-1. `torch.manual_seed(model.seed)`, so every variant starts from the same initial weights;
-2. the model of `xdbert_config`: the encoder from `encoder_source` (a random encoder's pretraining stand-in,
-   or the hub id), the variant's cross layers, losses and CLIP heads;
-3. the CLIP tower as the `pretrain_clip` stage left it (`pretrained_clip_tower`);
+1. the CLIP tower as the `pretrain_clip` stage left it (`pretrained_clip_tower`), where the variant has one;
+2. `torch.manual_seed(model.seed)`: the seed of the new parts' initial weights, each drawn from a generator
+   of its own (`xdbert.model.modeling.part_generator`), so the parts two variants share start identical;
+3. the model of `xdbert_config` around that tower: the encoder from `encoder_source` (a random encoder's
+   pretraining stand-in, or the hub id), the variant's cross layers, losses and heads;
 4. CLIPTC's classes restricted to the CLIP ids of the token shards (`adapt.cliptc_vocab: shards`);
 5. the CLIP tower frozen (`adapt.freeze_clip`).
 """
@@ -51,11 +52,12 @@ def xdbert_config(model: ModelSettings, variant: Variant, *, vocab_size: int, cl
 def build_xdbert(model: ModelSettings, variant: Variant, *, vocab_size: int, clip_blocks: int, clip_eot_id: int,
                  splits: Sequence, clip_tower: Path = paths.PRETRAIN_CLIP) -> XDBertModel:
     """The model a variant's adaptation starts from; `splits` are the token shards it trains and evaluates on."""
-    torch.manual_seed(model.seed)  # every variant starts from the same initial weights
-    xdbert = XDBertModel.build(xdbert_config(model, variant, vocab_size=vocab_size, clip_blocks=clip_blocks,
-                                             clip_eot_id=clip_eot_id))
-    if xdbert.clip is not None:
-        xdbert.clip.load_state_dict(pretrained_clip_tower(model, clip_tower).state_dict())
+    config = xdbert_config(model, variant, vocab_size=vocab_size, clip_blocks=clip_blocks, clip_eot_id=clip_eot_id)
+    tower = None
+    if config.uses_clip and not config.placeholder:  # loaded, not built: the hub's weights are not needed twice
+        tower, config.clip_quick_gelu = pretrained_clip_tower(model, clip_tower)
+    torch.manual_seed(model.seed)
+    xdbert = XDBertModel.build(config, clip=tower)
     if variant.cliptc_vocab == "shards" and xdbert.cliptc_head is not None:
         xdbert.restrict_cliptc(shard_clip_ids(splits))
     if variant.freeze_clip and xdbert.clip is not None:
@@ -63,17 +65,18 @@ def build_xdbert(model: ModelSettings, variant: Variant, *, vocab_size: int, cli
     return xdbert
 
 
-def pretrained_clip_tower(model: ModelSettings, directory: Path = paths.PRETRAIN_CLIP) -> CLIPTextTower:
-    """The tower the `pretrain_clip` stage left: the downloaded weights (paper profile) or the embedded
-    profile's stand-in, a random tower trained as a causal language model on the corpus."""
+def pretrained_clip_tower(model: ModelSettings, directory: Path = paths.PRETRAIN_CLIP) -> tuple[CLIPTextTower, bool]:
+    """(tower, whether it uses QuickGELU): the tower the `pretrain_clip` stage left, the downloaded weights
+    (paper profile) or the embedded profile's stand-in, a random tower trained as a causal language model
+    on the corpus."""
     tower, saved = load_clip_tower(directory)
     if (saved["clip"], saved["clip_pretrained"]) != (model.clip, model.clip_pretrained):
         raise PipelineError(f"{directory} holds {saved['clip']} ({saved['clip_pretrained'] or 'random init'}), "
                             f"params ask for {model.clip} ({model.clip_pretrained or 'random init'}): run `dvc repro pretrain_clip`")
-    return tower
+    return tower, saved["clip_quick_gelu"]
 
 
 def shard_clip_ids(splits: Sequence) -> torch.Tensor:
     """Every CLIP id in the windows of `splits` (token shards), sorted: the only ids CLIPTC can have as targets."""
-    used = [split[np.arange(len(split))]["clip_ids"] for split in splits]
-    return torch.from_numpy(np.unique(np.concatenate([np.unique(u) for u in used])).astype(np.int64))
+    used = [np.unique(split.column("clip_ids")) for split in splits]
+    return torch.from_numpy(np.unique(np.concatenate(used)).astype(np.int64))

@@ -123,7 +123,7 @@ class XDBertModel(nn.Module):
             clip_width, self.context_length = text_cfg["width"], text_cfg.get("context_length", 77)
             # The control run: one learned vector per CLIP position in place of CLIP's features.
             self.placeholder = nn.Parameter(torch.empty(config.clip_blocks * self.context_length, clip_width))
-            nn.init.normal_(self.placeholder, std=std)
+            nn.init.normal_(self.placeholder, std=std, generator=part_generator("placeholder"))
         self.cross_layers = nn.ModuleList(
             CrossModalLayer(width, clip_width, enc.num_attention_heads, config.clip_heads,
                             getattr(enc, "intermediate_size", 4 * width), act,
@@ -133,8 +133,8 @@ class XDBertModel(nn.Module):
         self.mlm_head = MaskedTokenHead(width, encoder.get_input_embeddings(), act, eps) if "mlm" in self.losses else None
         self.match_head = MatchHead(width) if "match" in self.losses else None
         self.cliptc_head = MaskedTokenHead(clip_width, clip.token_embedding, "gelu", eps) if "cliptc" in self.losses else None
-        for module in (self.cross_layers, self.match_head):
-            _init_bert_style(module, std)
+        _init_bert_style(self.cross_layers, std, part_generator("cross_layers"))
+        _init_bert_style(self.match_head, std, part_generator("match_head"))
         if self.cliptc_head is None and config.cross_layers:
             # Without CLIPTC no loss reads the last layer's CLIP stream. Its sublayers stay (Table 6 counts
             # them) but are frozen and not computed in training, so DDP has no parameter without a gradient
@@ -142,10 +142,12 @@ class XDBertModel(nn.Module):
             last = self.cross_layers[-1]
             for part in (last.clip_cross, last.clip_self, last.clip_ffn):
                 part.requires_grad_(False)
-        for head in (self.mlm_head, self.cliptc_head):
+        for name in ("mlm_head", "cliptc_head"):
+            head = getattr(self, name)
             if head is not None:  # not the decoder: it is the (pretrained) embedding
-                _init_bert_style(head.dense, std)
-                _init_bert_style(head.layer_norm, std)
+                generator = part_generator(name)
+                _init_bert_style(head.dense, std, generator)
+                _init_bert_style(head.layer_norm, std, generator)
                 nn.init.zeros_(head.bias)
         # The pooler is not on any loss path (MATCH has its own); frozen so DDP and optimizers skip it.
         # It is still saved by `save_adapted`, unchanged, for finetuning.
@@ -158,13 +160,14 @@ class XDBertModel(nn.Module):
         self.register_buffer("cliptc_class_of", None, persistent=False)
 
     @classmethod
-    def build(cls, config: XDBertConfig) -> "XDBertModel":
-        """Create the model named by `config`: pretrained parts are loaded (hub or local), random ones built."""
+    def build(cls, config: XDBertConfig, clip: CLIPTextTower | None = None) -> "XDBertModel":
+        """Create the model named by `config`: pretrained parts are loaded (hub or local), random ones built.
+        `clip`: a tower loaded already (the `pretrain_clip` stage's), taken instead of building one; then
+        `config.clip_quick_gelu` says how it was built."""
         config = dataclasses.replace(config, losses=list(config.losses), encoder_config=dict(config.encoder_config)).validate()
         pretrained_encoder = not config.encoder.startswith(RANDOM_PREFIX)
         encoder = build_language_encoder(config.encoder, config.encoder_config, config.vocab_size)
-        clip = None
-        if config.uses_clip and not config.placeholder:
+        if clip is None and config.uses_clip and not config.placeholder:
             clip, config.clip_quick_gelu = CLIPTextTower._build(config.clip, config.clip_pretrained, config.clip_quick_gelu)
         model = cls(config, encoder, clip)
         if pretrained_encoder and model.mlm_head is not None and load_pretrained_mlm_head(config.encoder, model.mlm_head):
@@ -360,12 +363,23 @@ def _count(n: int, device: torch.device) -> torch.Tensor:
     return torch.full((), n, dtype=torch.long, device=device)
 
 
-def _init_bert_style(module: nn.Module | None, std: float) -> None:
+# The new parts' initial weights, each from a generator of its own: seeded from the model's seed
+# (`torch.initial_seed()`, which `build_xdbert` sets to `model.seed`) and the part's name. So the parts two
+# variants share start identical (Table 3 compares losses, not initialisations), whatever else each builds
+# first: a CLIP tower or a placeholder, other heads, one cross layer or two (the first is the same).
+PART_SEEDS = {"cross_layers": 1, "match_head": 2, "mlm_head": 3, "cliptc_head": 4, "placeholder": 5}
+
+
+def part_generator(part: str) -> torch.Generator:
+    return torch.Generator().manual_seed((torch.initial_seed() + PART_SEEDS[part]) % 2**63)
+
+
+def _init_bert_style(module: nn.Module | None, std: float, generator: torch.Generator) -> None:
     if module is None:
         return
     for m in module.modules():
         if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, mean=0.0, std=std)
+            nn.init.normal_(m.weight, mean=0.0, std=std, generator=generator)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.LayerNorm):
