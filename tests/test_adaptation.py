@@ -414,8 +414,20 @@ def test_variant_settings_apply_overrides_and_name_the_key_a_value_came_from():
     baseline = AdaptSettings.from_params(p, "baseline")
     assert baseline.losses == ["mlm"] and baseline.cross_layers == 0 and baseline.lr == p["adapt"]["lr"]
     p["adapt"]["baseline"]["cross_layers"] = -1
-    with pytest.raises(PipelineError, match=r"`adapt.baseline.cross_layers` must be >= 1 \(0 only for the MLM-only baseline\); got -1"):
+    with pytest.raises(PipelineError, match=r"`adapt.baseline.cross_layers` must be an integer >= 0 \(0: the MLM-only baseline\); got -1"):
         AdaptSettings.from_params(p, "baseline")
+    p["adapt"]["baseline"].update(cross_layers=0, losses=["mlm", "match"])
+    with pytest.raises(PipelineError, match=r"`adapt.baseline.cross_layers: 0` \(the MLM-only baseline\) allows only "
+                                            r"`adapt.baseline.losses: \[mlm\]` without placeholder; got losses \['mlm', 'match'\]"):
+        AdaptSettings.from_params(p, "baseline")
+    p["adapt"]["baseline"]["losses"] = ["mlm"]
+    for key, value, allowed in (("mlm_prob", 0, "above 0"), ("match_prob", 1.0, "above 0 and below 1")):
+        q = values("embedded")
+        q["adapt"][key] = value  # a loss that learns nothing is refused, naming its key
+        with pytest.raises(PipelineError, match=rf"`adapt.{key}` must be {allowed} while `adapt.losses` has {key[:-5]}"):
+            AdaptSettings.from_params(q, "xdbert")
+    q["adapt"]["match_prob"] = 0  # without MATCH among its losses, a variant ignores it
+    assert AdaptSettings.from_params(q, "mlm").losses == ["mlm"]
     p["adapt"]["variants"]["mlm"] = {"nope": 1}
     with pytest.raises(PipelineError, match=r"adapt.variants.mlm overrides unknown keys \['nope'\]"):
         AdaptSettings.from_params(p, "mlm")

@@ -95,6 +95,9 @@ def fraction() -> Spec:
     return spec(st.floats(0, 1), wrong("int", "float"), NOT_FRACTION)
 
 
+TARGETS = spec(st.floats(0, 1, exclude_min=True), wrong("int", "float"), st.one_of(NOT_FRACTION, st.just(0)))  # a loss's share of targets
+
+
 def choice(*options) -> Spec:
     return spec(st.sampled_from(options), wrong("text"), WORD.filter(lambda w: w not in options))
 
@@ -203,7 +206,8 @@ SCHEMA: dict[str, Spec] = {
 
     **{f"pretrain.{k}": pos_int() for k in ("steps", "batch_size", "max_len", "checkpoint_every")},
     "pretrain.lr": pos_float(),
-    **{f"pretrain.{k}": fraction() for k in ("mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay")},
+    **{f"pretrain.{k}": fraction() for k in ("restate_mask_prob", "warmup_ratio", "weight_decay")},
+    "pretrain.mlm_prob": TARGETS,
     "pretrain.seed": non_negative(), "pretrain.clip_steps": non_negative(),
 
     "adapt.losses": spec(st.lists(st.sampled_from(LOSSES), min_size=1, unique=True), wrong("list"),
@@ -217,7 +221,10 @@ SCHEMA: dict[str, Spec] = {
     "adapt.init_range": spec(st.one_of(st.none(), st.floats(1e-5, 1.0)), wrong("int", "float", "none"), NOT_POSITIVE),
     "adapt.cliptc_vocab": choice("full", "shards"),
     "adapt.epochs": pos_int(50), "adapt.lr": pos_float(),
-    **{f"adapt.{k}": fraction() for k in ("warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob")},
+    **{f"adapt.{k}": fraction() for k in ("warmup_ratio", "weight_decay")},
+    "adapt.mlm_prob": TARGETS,  # every variant of every profile has MLM
+    "adapt.cliptc_prob": spec(st.floats(0, 1, exclude_min=True), wrong("int", "float"), NOT_FRACTION),
+    "adapt.match_prob": spec(st.floats(0, 1, exclude_min=True, exclude_max=True), wrong("int", "float"), NOT_FRACTION),
     "adapt.batch_size": spec(lambda p, path: st.integers(p["adapt"]["micro_batch_size"], 4096), wrong("int"),
                              lambda p, path: st.integers(-9, p["adapt"]["micro_batch_size"] - 1)),
     "adapt.micro_batch_size": spec(lambda p, path: st.integers(1, p["adapt"]["batch_size"]), wrong("int"),
@@ -268,7 +275,8 @@ SCHEMA: dict[str, Spec] = {
     "finetune.models": names(lambda p: ["baseline", "xdbert"], required=lambda p: ["baseline", "xdbert"],
                              bad=st.one_of(st.lists(UNKNOWN, min_size=1, max_size=2),
                                            st.just(["baseline", "mlm"]))),  # an ablation: adapt.family's alone
-    "finetune.ablations": names(lambda p: [*ADAPT_VARIANTS(p), "baseline", "xdbert"]),
+    "finetune.ablations": names(lambda p: [*ADAPT_VARIANTS(p), "baseline", "xdbert"],  # those two unless Table 1 runs them
+                                bad=st.one_of(st.lists(UNKNOWN, min_size=1, max_size=2), st.just(["mlm", "xdbert"]))),
     "finetune.full_models": names(lambda p: ["xdbert"], required=lambda p: ["xdbert"], bad=st.just(["baseline"])),
     "finetune.ablation_tasks": names(lambda p: list(TASK_NAMES)),
     "finetune.clip_tasks": names(lambda p: list(TASK_NAMES)),
@@ -324,7 +332,7 @@ def rules_kept(p: dict) -> bool:
         return False
     variants = list(a["variants"])
     return (set(f["models"]) <= {"baseline", "xdbert"} and set(f["full_models"]) <= {"xdbert"}
-            and set(f["ablations"]) <= {*variants, "baseline", "xdbert"}
+            and set(f["ablations"]) <= {*variants, "baseline", "xdbert"} and not set(f["ablations"]) & set(f["models"])
             and set(p["attention"]["variants"]) <= {*variants, "xdbert"} and p["attention"]["task"] in t["names"]
             and set(g["tasks"]) <= set(t["names"]) and g["examples_task"] in g["tasks"]
             and {g["baseline"], g["model"]} <= set(runs_of_every_grounding_task(p)))

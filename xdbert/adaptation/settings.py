@@ -36,6 +36,8 @@ class PretrainSettings:
         P.positive(values["lr"], "pretrain.lr", float)
         for key in ("mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay"):
             P.fraction(values[key], f"pretrain.{key}")
+        if values["mlm_prob"] == 0:
+            raise PipelineError("`pretrain.mlm_prob` must be above 0: at 0 the stand-in's MLM has no target to learn")
         P.non_negative(values["seed"], "pretrain.seed")
         return cls(**values)
 
@@ -134,14 +136,22 @@ class AdaptSettings:
             P.flag(s[key], key_of(key))
         P.compile_setting(s["compile"], key_of("compile"))
         cross = s["cross_layers"]
-        if not isinstance(cross, int) or isinstance(cross, bool) or cross < 0 or (cross == 0 and (s["losses"] != ["mlm"] or s["placeholder"])):
-            raise PipelineError(f"`{key_of('cross_layers')}` must be >= 1 (0 only for the MLM-only baseline); got {cross!r}")
+        if not isinstance(cross, int) or isinstance(cross, bool) or cross < 0:
+            raise PipelineError(f"`{key_of('cross_layers')}` must be an integer >= 0 (0: the MLM-only baseline); got {cross!r}")
+        if cross == 0 and (s["losses"] != ["mlm"] or s["placeholder"]):
+            raise PipelineError(f"`{key_of('cross_layers')}: 0` (the MLM-only baseline) allows only `{key_of('losses')}: [mlm]` "
+                                f"without placeholder; got losses {s['losses']}, placeholder {s['placeholder']}")
         if s["placeholder"] and set(s["losses"]) & {"match", "cliptc"}:
             # as the model refuses it (XDBertConfig.validate), but before the heavy imports
             raise PipelineError(f"`{key_of('placeholder')}: true` replaces the CLIP text, so losses match and cliptc are impossible; "
                                 f"use `losses: [mlm]` (got `{key_of('losses')}: {s['losses']}`)")
         for key in ("warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob"):
             P.fraction(s[key], key_of(key))
+        for loss in s["losses"]:  # a loss in use needs targets of both kinds: MATCH's pairs, masked tokens
+            key, prob = f"{loss}_prob", s[f"{loss}_prob"]
+            if prob == 0 or (loss == "match" and prob == 1):
+                raise PipelineError(f"`{key_of(key)}` must be above 0{' and below 1' if loss == 'match' else ''} while "
+                                    f"`{key_of('losses')}` has {loss}: at {prob!r} it has nothing to learn")
         P.choice(s["precision"], key_of("precision"), P.PRECISIONS)
         P.choice(s["cliptc_vocab"], key_of("cliptc_vocab"), ("full", "shards"))
         weights = s["loss_weights"]

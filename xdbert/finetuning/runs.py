@@ -132,6 +132,11 @@ class Study:
                     raise PipelineError(f"`finetune.{key}` names {name!r}; every family adapts only {', '.join(allowed)}"
                                         f"{'' if key == 'models' else ' with a cross-modal model'}: an ablation variant "
                                         f"belongs in `finetune.ablations` (Table 3)")
+        both = [name for name in lists["ablations"] if name in lists["models"]]
+        if both:  # the same run twice, in one results folder: Table 3's protocol would overwrite Table 1's run
+            raise PipelineError(f"`finetune.ablations` names {', '.join(both)}, already Table 1's runs in `finetune.models` "
+                                f"(Table 3 shows them anyway, rerun under its own protocol where it has one): list "
+                                f"ablation variants only")
         return cls(**lists, protocol=AblationProtocol.from_params(f), families=family_names(p),
                    ablation_family=ablation_family(p).name)
 
