@@ -375,6 +375,18 @@ def test_nan_loss_stops_with_pipeline_error(bert_dir, monkeypatch):
         train_seed(job, 0)
 
 
+def test_saved_runs_are_keyed_by_the_code_the_grid_runs_and_no_other():
+    """A saved run is stale when the code it ran changes (its modules, followed through imports, and the MKL
+    library's source), not when a report, an analysis or the adaptation changes."""
+    root = job_module.imports.ROOT
+    files = {str(p.relative_to(root)) for p in job_module.code_files()}
+    assert {"xdbert/finetuning/loop.py", "xdbert/finetuning/stacked.py", "xdbert/finetuning/heads.py",
+            "xdbert/model/modeling.py", "xdbert/data/tasks/metrics.py", "xdbert/numerics.py", "xdbert/mkl_dispatch.c"} <= files
+    assert not files & {"xdbert/reports/tables.py", "xdbert/analysis/grounding.py", "xdbert/adaptation/loop.py",
+                        "xdbert/cli.py"}, files
+    assert len(job_module.code_digest()) == 16
+
+
 def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_path, monkeypatch):
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1))

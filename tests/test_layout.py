@@ -4,7 +4,6 @@ Each stage lists exactly the `xdbert` modules its script runs: a module a stage 
 other modules, lazily inside a function or not, package `__init__`s included) but does not list is a code
 change that would silently not rerun the stage; a listed module it never imports reruns it for nothing.
 """
-import ast
 import graphlib
 import re
 from pathlib import Path
@@ -12,54 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from xdbert.imports import PACKAGE, closure, imported_modules, module_file
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = "xdbert"
-
-
-def module_file(name: str) -> Path | None:
-    """xdbert.a.b -> xdbert/a/b.py or xdbert/a/b/__init__.py (None outside the package or not a module)."""
-    if name != PACKAGE and not name.startswith(PACKAGE + "."):
-        return None
-    base = ROOT.joinpath(*name.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def with_packages(name: str) -> list[str]:
-    """Importing xdbert.a.b runs xdbert/__init__.py and xdbert/a/__init__.py first."""
-    parts = name.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Every xdbert module `path` imports anywhere in its body, by dotted name."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        else:
-            continue
-        for name in names:
-            out |= {m for m in with_packages(name) if module_file(m)}
-    return out
-
-
-def closure(script: Path) -> set[Path]:
-    """The script and every package module it runs, followed through imports transitively."""
-    seen: set[str] = set()
-    todo = list(imported_modules(script))
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo += imported_modules(module_file(name))
-    return {script} | {module_file(m) for m in seen}
-
-
 def stages() -> dict[str, dict]:
     text = (ROOT / "dvc.yaml").read_text(encoding="utf-8")
     return yaml.safe_load(text)["stages"]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from xdbert import io
+from xdbert import imports, io
 from xdbert.data.shards import sha256_file
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
@@ -37,7 +37,6 @@ class Job:
     hyperparameters: Hyperparameters
     data: dict[str, fd.Encoded]          # "train" and every dev split
     eot_id: int = 49407
-    width: int = 0
     size: str = "base"                   # Table 5's size class the learning rate was taken for
     identity: str = ""                   # hash of the model's files and the tokenized data (`job_identity`)
     run_cache: str = ""                  # where finished runs are kept by what decided them (`grid`); "" = nowhere
@@ -104,22 +103,28 @@ def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: Fin
             data[split].clip_ids = blocks
     size = family.size if family else size_of(width)
     hyperparameters = settings.hyperparameters(size, model_kind, protocol, family.layer_lr_decay if family else 1.0)
-    job = Job(model_kind, str(model_path), spec, hyperparameters, data, eot_id, width, size,
+    job = Job(model_kind, str(model_path), spec, hyperparameters, data, eot_id, size,
               run_cache=str(run_cache) if run_cache else "")
     job.identity = job_identity(job)
     return job
 
 
+def code_files() -> list[Path]:
+    """The code a run executes: the modules the grid runs (`xdbert.imports.closure` of grid.py) and the
+    source of the MKL library that picks the CPU's kernels (xdbert.numerics)."""
+    grid = Path(__file__).resolve().with_name("grid.py")
+    return sorted([*imports.closure(grid), imports.ROOT / imports.PACKAGE / "mkl_dispatch.c"])
+
+
 @functools.cache
 def code_digest() -> str:
-    """A hash of the code a run executes: every module of this package and the versions of torch and
-    transformers. A change to any of them makes every saved run stale."""
+    """A hash of `code_files` and the versions of torch and transformers. A change to any of them makes
+    every saved run stale; one to a report, an analysis or the adaptation does not."""
     import transformers
 
     h = hashlib.sha256(f"torch {torch.__version__} transformers {transformers.__version__}\n".encode())
-    package = Path(__file__).resolve().parents[1]
-    for path in sorted(package.rglob("*.py")):
-        h.update(f"{path.relative_to(package)}:{sha256_file(path)}\n".encode())
+    for path in code_files():
+        h.update(f"{path.relative_to(imports.ROOT)}:{sha256_file(path)}\n".encode())
     return h.hexdigest()[:16]
 
 
