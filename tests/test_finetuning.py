@@ -216,6 +216,10 @@ def test_workers_share_each_gpu_as_its_memory_allows(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv(engine.RUNS_PER_GPU_ENV, "1")
     assert engine.plan(100, "auto") == (2, 1.0)
+    monkeypatch.delenv(engine.RUNS_PER_GPU_ENV)
+    resources.update(CPU=4, GPU=1)  # a GPU machine of few cores: a worker per core, or the rest would never start
+    assert engine.plan(100, "auto") == (4, 1 / 6) and engine.plan(100, 5) == (4, 1 / 6)
+    resources.update(CPU=32, GPU=2)
     monkeypatch.setenv(engine.RUNS_PER_GPU_ENV, "many")
     with pytest.raises(PipelineError, match="XDBERT_RUNS_PER_GPU='many' must be a positive number, or auto"):
         engine.plan(100, "auto")
@@ -564,8 +568,7 @@ def test_layer_lr_decay_assigns_the_expected_rates(tmp_path):
 
 
 def test_paper_learning_rates_by_task_and_size():
-    table = {t: {"base": get_task(t).learning_rate("base"), "large": get_task(t).learning_rate("large")}
-             for t in ("rte", "stsb", "mnli", "swag")}
+    table = {t: dict(rates) for t, rates in values("paper")["finetune"]["lr"].items()}
     assert learning_rate(table, get_task("rte"), size_of(768)) == 1e-4
     assert learning_rate(table, get_task("stsb"), size_of(1024)) == 5e-5
     assert learning_rate(table, get_task("mnli"), size_of(768)) == 2e-5

@@ -47,9 +47,6 @@ class Ragged:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
-    def __getitem__(self, i: int) -> np.ndarray:
-        return self.flat[self.offsets[i]:self.offsets[i + 1]]
-
     def padded(self, rows: np.ndarray, pad: int, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """(values, mask) of `rows`, both (len(rows), longest row rounded up to `multiple`), padded with
         `pad` on the right."""

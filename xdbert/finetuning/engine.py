@@ -115,15 +115,15 @@ def connect() -> bool:
         return False
     # Every worker imports xdbert first: unpickling the actor class imports its module's globals, torch
     # before xdbert, and MKL would then pick its kernels by the CPU's vendor (xdbert.numerics)
-    quiet = {"include_dashboard": False, "logging_level": "ERROR", "configure_logging": True,
-             "runtime_env": {"worker_process_setup_hook": "xdbert.numerics.fix_cpu_numerics"}}
+    options = {"include_dashboard": False, "logging_level": "ERROR", "configure_logging": True,
+               "runtime_env": {"worker_process_setup_hook": "xdbert.numerics.fix_cpu_numerics"}}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(**quiet)  # ray.init reads RAY_ADDRESS itself
+        ray.init(**options)  # ray.init reads RAY_ADDRESS itself
     else:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         # "local": a new instance, always. With no address ray.init would join the last cluster `ray start`
         # made on this machine, which may be another user's, or a test's that is about to stop.
-        ray.init(address="local", num_cpus=cores, num_gpus=torch.cuda.device_count(), **quiet)
+        ray.init(address="local", num_cpus=cores, num_gpus=torch.cuda.device_count(), **options)
     return True
 
 
@@ -138,7 +138,7 @@ def plan(n_runs: int, workers: int | str, gib_per_run: float = GIB_PER_RUN) -> t
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 1))
     if gpus:
         share = runs_per_gpu(gib_per_run)
-        slots, gpu_each = gpus * share, 1.0 / share
+        slots, gpu_each = min(gpus * share, cpus), 1.0 / share  # each worker also takes a CPU (`start_workers`)
     else:
         slots, gpu_each = cpus, 0.0
     n = slots if workers == "auto" else min(int(workers), slots)  # more would wait for resources forever

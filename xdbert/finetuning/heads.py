@@ -76,7 +76,6 @@ class EncoderClassifier(nn.Module):
                 self.model = cls.from_pretrained(path, **kwargs)
         except (OSError, ValueError) as e:
             raise PipelineError(f"cannot load encoder folder {path} ({e}); it must be a save_pretrained folder") from e
-        self.width = self.model.config.hidden_size
         accepted = inspect.signature(self.model.forward).parameters
         self.input_names = [n for n in ("input_ids", "token_type_ids", "attention_mask") if n in accepted]
 
@@ -107,8 +106,7 @@ class FullModelClassifier(nn.Module):
 
     def __init__(self, xd: nn.Module, spec: TaskSpec, dropout: float):
         super().__init__()
-        for head in ("mlm_head", "match_head", "cliptc_head"):
-            setattr(xd, head, None)
+        xd.strip_heads()
         if not xd.config.uses_clip:
             raise PipelineError("this cross-modal model has no cross layers (the MLM-only baseline); finetune it as an `encoder`")
         self.xd = xd

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from xdbert.finetuning import data as fd
 from xdbert.finetuning import graphed
 from xdbert.finetuning.job import Job, build_model
 from xdbert.finetuning.rates import parameter_groups
+from xdbert.finetuning.settings import Hyperparameters
 from xdbert.model.modeling import locate
 
 
@@ -59,6 +61,27 @@ def compiled(model: nn.Module, device: torch.device, recorded: bool = False) -> 
     whole step is `recorded`."""
     mode = CUDA_COMPILE_MODE if device.type == "cuda" and not recorded else None
     return torch.compile(model, dynamic=True, mode=mode)
+
+
+class Stepping(NamedTuple):
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LambdaLR
+    precision: training.Precision
+    compiling: bool
+    recorded: bool
+    forward: nn.Module
+
+
+def stepping(model: nn.Module, s: Hyperparameters, device: torch.device, total: int, groups: list[dict]) -> Stepping:
+    """What a run's steps are made of, for one seed and for a stack alike: AdamW over `groups` with its
+    warmup schedule of `total` steps, the precision for `device`, and the forward the steps call (compiled
+    where `s.compile` asks for it on this device; with `s.cuda_graph`, the whole step is to be recorded)."""
+    optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
+    precision = training.Precision(s.precision, device)
+    compiling = training.compiles(s.compile, device)
+    recorded = graphed.records(s.cuda_graph, device, precision.name)
+    return Stepping(optimizer, schedule, precision, compiling, recorded,
+                    compiled(model, device, recorded) if compiling else model)
 
 
 def epoch_loss(losses: list[torch.Tensor], step: int, where: str) -> float:
@@ -126,11 +149,7 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
     groups = parameter_groups(model, s.lr, s.weight_decay, s.layer_lr_decay)
     for g in groups:
         g.pop("names")
-    optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
-    precision = training.Precision(s.precision, device)
-    compiling = training.compiles(s.compile, device)
-    recorded = graphed.records(s.cuda_graph, device, precision.name)
-    forward = compiled(model, device, recorded) if compiling else model
+    optimizer, schedule, precision, compiling, recorded, forward = stepping(model, s, device, total, groups)
 
     def train_step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with precision.autocast():

@@ -39,7 +39,7 @@ from xdbert.finetuning import data as fd
 from xdbert.finetuning import graphed
 from xdbert.finetuning.heads import mask_always_applied
 from xdbert.finetuning.job import Job, build_model
-from xdbert.finetuning.loop import compiled, epoch_loss, pad_multiple, task_loss, train_seed
+from xdbert.finetuning.loop import epoch_loss, pad_multiple, stepping, task_loss, train_seed
 from xdbert.finetuning.rates import parameter_groups
 
 # Compiled, a stacked model is compiled anew for each batch shape: vmap's batching rules (layer norm's)
@@ -203,11 +203,7 @@ def train_stack(job: Job, seeds: list[int], device: str | torch.device = "cpu") 
         g["params"] = [stacked[n] for n in g.pop("names")]
     train = job.data["train"]
     total = math.ceil(len(train) / s.batch_size) * s.epochs
-    optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total, groups)
-    precision = training.Precision(s.precision, device)
-    compiling = training.compiles(s.compile, device)
-    recorded = graphed.records(s.cuda_graph, device, precision.name)
-    forward = compiled(model, device, recorded) if compiling else model
+    optimizer, schedule, precision, compiling, recorded, forward = stepping(model, s, device, total, groups)
 
     def train_step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """One step of every seed; their K losses. `weights` (K, B) is 1 / rows on a seed's real rows and 0 on
