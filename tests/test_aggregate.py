@@ -13,7 +13,7 @@ from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
 from xdbert.model.settings import Family
 from xdbert.profiles import values
-from xdbert.reports.aggregate import bootstrap_replicates, compare, paired_bootstrap
+from xdbert.reports.aggregate import bootstrap_replicates, compare, read_predictions
 from xdbert.reports.settings import AggregateSettings
 
 RTE = get_task("rte")
@@ -23,33 +23,52 @@ def predictions(correct: np.ndarray, seeds=(0, 1, 2), idx: np.ndarray | None = N
     """RTE-style predictions: label 1 everywhere, prediction right where `correct` is True (every seed)."""
     n = len(correct)
     idx = np.arange(n) if idx is None else idx
-    return pd.concat([pd.DataFrame({"split": "dev", "idx": idx, "seed": s, "label": 1,
-                                    "prediction": correct.astype(int)}) for s in seeds], ignore_index=True)
+    return pd.concat([pd.DataFrame({"split": "dev", "idx": idx, "seed": s, "label": 1, "prediction": correct.astype(int),
+                                    "correct": correct}) for s in seeds], ignore_index=True)
+
+
+def paired_bootstrap(ours: pd.DataFrame, base: pd.DataFrame, n_boot: int, seed: int = 0) -> dict:
+    """What a table's Δ row computes for two runs of RTE."""
+    return compare(bootstrap_replicates(ours, RTE, n_boot, seed), bootstrap_replicates(base, RTE, n_boot, seed))
 
 
 def test_same_predictions_give_zero_and_better_ones_a_significant_gain():
     rng = np.random.default_rng(0)
     half = rng.random(200) < 0.5
     base = predictions(half)
-    same = paired_bootstrap(base, base, RTE, n_boot=50)
+    same = paired_bootstrap(base, base, n_boot=50)
     assert same["delta"] == 0 and same["ci_low"] == 0 and same["ci_high"] == 0 and not same["significant"]
 
     better = predictions(half | (rng.random(200) < 0.5))  # right wherever the baseline is, and more
     gain = better["prediction"].mean() - half.mean()
-    d = paired_bootstrap(better, base, RTE, n_boot=50)
+    d = paired_bootstrap(better, base, n_boot=50)
     assert gain > 0 and d["delta"] == pytest.approx(gain)
     assert d["ci_low"] > 0 and d["significant"] and d["ours_better"]
 
 
-def test_cached_replicates_give_the_same_interval_and_refuse_other_examples():
+def test_replicates_are_paired_and_refuse_other_examples_naming_both_files(tmp_path):
     rng = np.random.default_rng(1)
     a, b = predictions(rng.random(100) < 0.7), predictions(rng.random(100) < 0.5)
-    direct = paired_bootstrap(a, b, RTE, n_boot=40, seed=3)
     ra, rb = bootstrap_replicates(a, RTE, 40, 3), bootstrap_replicates(b, RTE, 40, 3)
-    assert compare(ra, rb) == direct
-    other = bootstrap_replicates(predictions(rng.random(100) < 0.5, idx=np.arange(100) + 1), RTE, 40, 3)
-    with pytest.raises(PipelineError, match="different dev examples"):
+    assert compare(ra, rb) == compare(ra, bootstrap_replicates(b, RTE, 40, 3))  # drawn again: the same resamples
+    path = tmp_path / "xdbert" / "predictions.parquet"
+    path.parent.mkdir()
+    io.write_parquet(pa.Table.from_pandas(predictions(rng.random(100) < 0.5, idx=np.arange(100) + 1), preserve_index=False), path)
+    other = bootstrap_replicates(read_predictions(path), RTE, 40, 3)
+    with pytest.raises(PipelineError, match=f"rte: predictions and {path} cover different dev examples"):
         compare(ra, other)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p.drop(columns="label"), r"lacks columns \['label'\]"),
+    (lambda p: pd.concat([p, p.iloc[:1]]), "has an example twice for one seed"),
+    (lambda p: p[(p["seed"] != 1) | (p["idx"] != 5)], "its seeds cover different dev examples of dev"),
+])
+def test_damaged_predictions_are_refused_naming_the_file(tmp_path, damage, message):
+    path = tmp_path / "predictions.parquet"
+    io.write_parquet(pa.Table.from_pandas(damage(predictions(np.arange(20) < 12)), preserve_index=False), path)
+    with pytest.raises(PipelineError, match=f"{path}:? {message}.*rerun its finetune stage"):
+        read_predictions(path)
 
 
 def test_adaptation_table_shows_match_beside_its_majority_class():
@@ -203,3 +222,13 @@ def test_labels_that_make_the_same_row_twice_are_refused():
     p["families"]["electra"]["label"] = "DBERT-b"  # its full model's row, XDBERT-b, is bert's adapted encoder's
     with pytest.raises(PipelineError, match="rows XDBERT-b more than once"):
         AggregateSettings.from_params(p)
+
+
+def test_a_delta_has_its_cells_digits():
+    """READ's RMSE is printed with 3 digits in its cells, and so is its Δ: at 2 an interval that excludes 0
+    could print as ending at -0.00."""
+    from xdbert.reports.tables import delta_text
+
+    d = {"delta": -0.0362, "ci_low": -0.0703, "ci_high": -0.0046, "significant": True}
+    assert delta_text(get_task("read"), d) == "-0.036* <sub>[-0.070, -0.005]</sub>"
+    assert delta_text(RTE, {**d, "significant": False}) == "-3.62 <sub>[-7.03, -0.46]</sub>"

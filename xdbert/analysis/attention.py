@@ -20,7 +20,8 @@ start/end tokens included; never padding). Two head-independent baselines stand 
             the mean over counted tokens of (end - start) / (number of valid CLIP positions);
   diagonal: the accuracy of always pointing at the same RELATIVE position: the token of rank r among
             the L real BERT positions points at the valid CLIP position of rank floor((r + 0.5) * C / L)
-            among C, the text-order analogue of seed 002's rule-based baseline.
+            among C, the text-order analogue of the rule-based baseline of Li et al. (2020), "What Does
+            BERT with Vision Look At?".
 
 Also reported: the mean attention MASS inside the aligned range (a soft version of the accuracy).
 """
@@ -342,7 +343,8 @@ def table9_markdown(head: str, task: str, index: int, results: dict, pictures: d
             cells.append(f"layer {layer}, {what}<br>![{v} layer {layer} {what}](attention/{name})")
         md.append("| " + " | ".join(cells) + " |")
     md += ["", "## Alignment accuracy per layer and head", "",
-           "Each head is read as a pointer (Li et al., 2020, seed 002): a language token is counted right when its "
+           "Each head is read as a pointer, as Li et al. (2020) read VisualBERT's (*What Does BERT with Vision Look "
+           "At?*): a language token is counted right when its "
            "most-attended CLIP token covers the same characters of the text (`align_start`/`align_end` in the shards). "
            "Counted: real, non-special BERT tokens with a non-empty aligned CLIP range; argmax over valid CLIP positions "
            "(start/end tokens included, padding never). Cells: accuracy % (mean attention mass % inside the aligned "

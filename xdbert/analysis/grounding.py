@@ -28,7 +28,6 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from xdbert import io
 from xdbert import params as P
 from xdbert.data.provided import read_coco_captions
 from xdbert.data.tasks.registry import get_task, read_split
@@ -36,6 +35,7 @@ from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import run_name
 from xdbert.model.settings import ablation_family
 from xdbert.paths import FINETUNE, TASKS
+from xdbert.reports.aggregate import RERUN, read_predictions
 
 GROUNDED, NOT_GROUNDED, STOPWORD, PUNCTUATION = "grounded", "not_grounded", "stopword", "punctuation"
 CHANGES = ("improved", "on_par", "worsened")
@@ -248,18 +248,11 @@ def mark_words(words: Sequence[str], classes: Sequence[str]) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 def correct_per_example(preds: pd.DataFrame, what: str) -> tuple[pd.Series, list[int]]:
-    """(number of seeds right per example idx, the seeds) from a predictions table of one split."""
-    need = {"seed", "idx", "correct"}
-    if not need <= set(preds.columns):
-        raise PipelineError(f"{what} lacks columns {sorted(need - set(preds.columns))}; rerun its finetune stage")
+    """(number of seeds right per example idx, the seeds) from a predictions table of one split, as
+    `read_predictions` checked it."""
     if preds.empty:
-        raise PipelineError(f"{what} has no dev predictions; rerun its finetune stage")
-    if preds.duplicated(["seed", "idx"]).any():
-        raise PipelineError(f"{what} has an example twice for one seed; rerun its finetune stage")
+        raise PipelineError(f"{what} has no dev predictions; {RERUN}")
     seeds = sorted(int(s) for s in preds["seed"].unique())
-    per_seed = preds.groupby("seed")["idx"].apply(lambda s: frozenset(s.tolist()))
-    if per_seed.nunique() != 1:
-        raise PipelineError(f"{what}: the seeds cover different dev examples; rerun its finetune stage")
     return preds.groupby("idx")["correct"].apply(lambda c: int(np.sum(c.astype(bool)))), seeds
 
 
@@ -373,8 +366,7 @@ def compare_task(task: str, names: tuple[str, str], rule: Grounding, examples_pe
     extreme examples of each class as (row, marked text_a, marked text_b, seeds); else {}).
     """
     split = get_task(task).dev_splits[0]
-    base, prop = (io.read_parquet(predictions_path(m, task), "rerun its finetune stage (`dvc repro`)").to_pandas()
-                  for m in names)
+    base, prop = (read_predictions(predictions_path(m, task)) for m in names)
     cmp = compare_models(base[base["split"] == split], prop[prop["split"] == split], names)
     n_seeds = cmp.attrs["n_seeds"]
     dev = read_split(TASKS, task, split).to_pandas().set_index("idx")

@@ -1,6 +1,6 @@
 """The reports: the paper's result tables from the finetune runs, and the header every report starts with.
 
-    header.py     title, profile, models, seeds and the commit a report was computed at
+    header.py     title, profile, models and seeds of a report
     aggregate.py  seed statistics: a table cell per (model, task), the paired bootstrap against the baseline
     settings.py   `AggregateSettings`: what the `aggregate` stage reads of params.yaml
     tables.py     Tables 1, 3 and 8 as markdown (beside the paper's numbers) and as data

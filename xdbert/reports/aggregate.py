@@ -36,8 +36,25 @@ class Cell:
         return float(np.min(v)), float(np.max(v))
 
 
+RERUN = "rerun its finetune stage (`dvc repro`)"
+
+
 def read_predictions(path: Path) -> pd.DataFrame:
-    return io.read_parquet(path, "rerun its finetune stage (`dvc repro`)").to_pandas()
+    """A run's dev predictions (`xdbert.finetuning.results`), checked as every table and figure needs them:
+    each example once per seed and split, and every seed of a split on the same examples, which the paired
+    bootstrap and Figure 4's per-example comparison assume. `attrs["source"]` names the file in errors."""
+    preds = io.read_parquet(path, RERUN).to_pandas()
+    missing = sorted({"seed", "split", "idx", "prediction", "label", "correct"} - set(preds.columns))
+    if missing:
+        raise PipelineError(f"{path} lacks columns {missing}; {RERUN}")
+    if preds.duplicated(["split", "seed", "idx"]).any():
+        raise PipelineError(f"{path} has an example twice for one seed; {RERUN}")
+    examples = preds.groupby(["split", "seed"])["idx"].agg(frozenset).groupby(level="split").nunique()
+    uneven = sorted(examples.index[examples > 1])
+    if uneven:
+        raise PipelineError(f"{path}: its seeds cover different dev examples of {', '.join(uneven)}; {RERUN}")
+    preds.attrs["source"] = str(path)
+    return preds
 
 
 def cell(preds: pd.DataFrame, task: TaskSpec, split: str | None = None) -> Cell:
@@ -46,7 +63,7 @@ def cell(preds: pd.DataFrame, task: TaskSpec, split: str | None = None) -> Cell:
     split = split or task.dev_splits[0]
     rows = preds[preds["split"] == split]
     if rows.empty:
-        raise PipelineError(f"no predictions for {task.name} split {split}; rerun its finetune stage")
+        raise PipelineError(f"{preds.attrs.get('source', 'the predictions')} has none of {task.name}'s split {split}; {RERUN}")
     per_seed, metrics = {}, []
     for seed, g in rows.groupby("seed"):
         g = g.sort_values("idx")
@@ -65,6 +82,7 @@ class Replicates:
     idx: pd.Index             # dev example ids, sorted
     point: float
     resampled: np.ndarray     # (n_boot,)
+    source: str               # the predictions file, for errors
 
 
 def bootstrap_replicates(preds: pd.DataFrame, task: TaskSpec, n_boot: int, seed: int = 0, split: str | None = None) -> Replicates:
@@ -82,13 +100,14 @@ def bootstrap_replicates(preds: pd.DataFrame, task: TaskSpec, n_boot: int, seed:
     n = len(labels)
     samples = np.random.default_rng(seed).integers(0, n, (n_boot, n))
     resampled = np.median([resampled_metric(task.name, task.metric, pred, labels, samples) for pred in columns], axis=0)
-    return Replicates(task, table.index, point, resampled)
+    return Replicates(task, table.index, point, resampled, preds.attrs.get("source", "predictions"))
 
 
 def compare(ours: Replicates, base: Replicates) -> dict:
     """95% paired-bootstrap interval of ours - base (see `bootstrap_replicates`)."""
     if not ours.idx.equals(base.idx) or len(ours.resampled) != len(base.resampled):
-        raise PipelineError(f"{ours.task.name}: the two models' predictions cover different dev examples; rerun both finetunes")
+        raise PipelineError(f"{ours.task.name}: {ours.source} and {base.source} cover different dev examples; rerun "
+                            "the finetune stage (`dvc repro`)")
     diffs = ours.resampled - base.resampled
     lo, hi = np.percentile(diffs, [2.5, 97.5])
     delta = ours.point - base.point
@@ -96,13 +115,3 @@ def compare(ours: Replicates, base: Replicates) -> dict:
     return {"delta": delta, "ci_low": float(lo), "ci_high": float(hi), "n_boot": len(diffs),
             "significant": bool(lo > 0 or hi < 0), "ours_better": bool(better)}
 
-
-def paired_bootstrap(
-    ours: pd.DataFrame, base: pd.DataFrame, task: TaskSpec, n_boot: int, seed: int = 0, split: str | None = None,
-) -> dict:
-    """95% interval of (median-over-seeds metric of ours) - (same for base) over resampled dev examples.
-
-    The same resampled examples are used for both models and every seed (a paired bootstrap), so the
-    interval reflects how much the difference depends on which dev examples happen to be in the set.
-    """
-    return compare(bootstrap_replicates(ours, task, n_boot, seed, split), bootstrap_replicates(base, task, n_boot, seed, split))

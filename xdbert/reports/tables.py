@@ -101,7 +101,9 @@ def delta_text(t: TaskSpec, d: dict | None) -> str | None:
     if d is None:
         return None
     star = "*" if d["significant"] else ""
-    return f"{scale(t, d['delta']):+.2f}{star} <sub>[{scale(t, d['ci_low']):+.2f}, {scale(t, d['ci_high']):+.2f}]</sub>"
+    signed = "+" + digits(t)  # the cells' digits: READ's RMSE has 3
+    return (f"{scale(t, d['delta']):{signed}}{star} <sub>[{scale(t, d['ci_low']):{signed}}, "
+            f"{scale(t, d['ci_high']):{signed}}]</sub>")
 
 
 def paper_row(name: str, vals: dict[str, float], tasks: list[TaskSpec]) -> str:
@@ -163,7 +165,7 @@ def mlm_head_note(heads: dict[Family, str | None]) -> str:
 
 
 def footnotes(n_boot: int) -> str:
-    return (f"\nCells: median over seeds, with (min–max) across seeds. Δ rows: median difference to the row they "
+    return (f"\nCells: median over seeds, with (min–max) across seeds. Δ rows: the difference of the medians to the row they "
             f"name (in Tables 1 and 8, the model's own family's baseline) with a 95% paired bootstrap interval over "
             f"dev examples ({n_boot} resamples, the same examples for both models and every seed); * marks an "
             f"interval that excludes 0.\n")
@@ -201,8 +203,8 @@ def protocol_note(s: AggregateSettings) -> str:
     else:
         how = "Table 1's runs: its rate and seeds of each task (`finetune.ablation_lr` and `ablation_seeds` are null)."
     return (f"\nFinetuning: {how}\n\nNot reproduced: the paper's row *wiki (14G), same steps* adapts on a 14 GB "
-            "Wikipedia dump for the steps of the wiki103 run; this pipeline's corpus stage reads wiki103 alone, so no "
-            "run stands for it.\n")
+            "Wikipedia dump for the steps of the wiki103 run; the `corpus` stage has no such source (it reads wiki103, "
+            "or generates the embedded profile's text), so no run stands for it.\n")
 
 
 # ----------------------------------------------------------------------------------------------------
