@@ -163,6 +163,14 @@ def test_profile_switch_refuses_bad_input_and_keeps_the_file(tmp_path):
     r = cli("profile", "paper", cwd=tmp_path)
     assert r.returncode == 2 and "not valid YAML" in r.stderr
     assert (tmp_path / "params.yaml").read_text() == "profile: embedded\nadapt: [unclosed\n"
+    # a change to a family the paper profile does not have: refused before anything is written
+    edited = (ROOT / "xdbert/profiles/embedded.yaml").read_text().replace("    layer_lr_decay: 1.0", "    layer_lr_decay: 0.9", 1)
+    (tmp_path / "params.yaml").write_text(edited)
+    r = cli("profile", "paper", cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "error: profile paper with your changes: missing param `families.bert.label`" in r.stderr and "--reset" in r.stderr
+    assert (tmp_path / "params.yaml").read_text() == edited
+    assert cli("profile", "paper", "--reset", cwd=tmp_path).returncode == 0
 
 
 def test_every_profile_key_is_known_and_unknown_keys_are_refused(tmp_path):

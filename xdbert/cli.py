@@ -39,7 +39,17 @@ def profile(
             typer.echo(f"restored: {profiles.dotted(path)} (missing from {params_file})")
         if reset:
             changes = {}
-    io.write_text(params_file, profiles.render(name, changes))
+    text = profiles.render(name, changes)
+    if changes:  # a change that fits the old profile may not fit the new one (a family it does not have)
+        from xdbert.params_check import check
+
+        try:
+            check(params.read_yaml_text(text))
+        except PipelineError as e:
+            typer.echo(f"error: profile {name} with your changes: {' '.join(str(e).split())}; {params_file} is left as it "
+                       f"was: undo that change, or `--reset` to drop them all", err=True)
+            raise typer.Exit(2)
+    io.write_text(params_file, text)
     typer.echo(f"{params_file}: profile {name}. Run `dvc repro` (or `dvc exp run`) to rebuild what changed.")
 
 
@@ -58,16 +68,15 @@ def check(params_file: Path = typer.Argument(Path("params.yaml"), help="the para
 
 
 @app.command()
-def fetch(params_file: Path = typer.Argument(Path("params.yaml"), help="the params whose hub assets to fetch"),
-          lock: Path = typer.Option(Path("hub.lock.json"), help="the lock file to write (commit it)")) -> None:
+def fetch(params_file: Path = typer.Argument(Path("params.yaml"), help="the params whose hub assets to fetch")) -> None:
     """Download every hub asset PARAMS_FILE names (models, datasets, open_clip weights) into the hub cache and
-    pin each one's commit in the lock file, which every stage then loads: run it where the hub can be
-    reached, then copy the cache (HF_HOME) to machines without internet."""
+    pin each one's commit in hub.lock.json (commit it), which every stage then loads: run it where the hub
+    can be reached, then copy the cache (HF_HOME) to machines without internet."""
     from xdbert.fetch import fetch as fetch_assets
     from xdbert.params_check import check_file
 
     try:
-        fetch_assets(check_file(params_file), lock, say=typer.echo)
+        fetch_assets(check_file(params_file), say=typer.echo)
     except PipelineError as e:
         typer.echo("error: " + " ".join(str(e).split()), err=True)
         raise typer.Exit(2)
