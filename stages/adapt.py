@@ -6,8 +6,8 @@ of one encoder family on the token shards.
 VARIANT is `xdbert` (the proposed setting, every family), `baseline` (MLM only, every family) or a key of
 `adapt.variants` (Table 3's ablations, on `adapt.family` only). Writes models/adapted/<family>/<variant>
 (the language encoder alone, a plain `save_pretrained` folder), models/crossmodal/<family>/<variant> (the
-whole cross-modal model) and metrics/adapt/<family>/<variant>.json. Checkpoints go to
-checkpoints/adapt/<family>/<variant>.pt, outside DVC's outputs, so a killed run resumes.
+whole cross-modal model; not for the baseline, which has none) and metrics/adapt/<family>/<variant>.json.
+Checkpoints go to checkpoints/adapt/<family>/<variant>.pt, outside DVC's outputs, so a killed run resumes.
 On a machine with several GPUs it runs once per GPU (xdbert.adaptation.launch); the main process
 alone writes the outputs and removes the checkpoint.
 """

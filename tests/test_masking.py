@@ -1,11 +1,10 @@
 """Targets of MLM, MATCH and CLIPTC: proportions, what may never be a target, determinism."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from xdbert.clip import clip_block_mask
-from xdbert.adaptation.masking import adaptation_inputs, choose_exact, choose_match_negatives, cliptc_targets, collate, mask_for_mlm
+from xdbert.adaptation.masking import adaptation_inputs, choose_exact, choose_match_negatives, cliptc_targets, mask_for_mlm
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 SPECIAL = (PAD, UNK, CLS, SEP, MASK)
@@ -156,13 +155,10 @@ def test_cliptc_is_deterministic():
 
 # ---------------------------------------------------------------- batches
 
-def test_collate_and_adaptation_inputs():
+def test_adaptation_inputs():
     ids, mask = bert_batch(batch=6, length=32)
     clip = clip_batch(batch=6)
-    rows = [{"bert_ids": ids[i].numpy().astype(np.int32), "bert_mask": mask[i].numpy().astype(np.int8),
-             "clip_ids": clip[i].numpy().astype(np.int32)} for i in range(6)]
-    batch = collate(rows)
-    assert batch["bert_ids"].dtype == torch.long and torch.equal(batch["clip_ids"], clip)
+    batch = {"bert_ids": ids, "bert_mask": mask.long(), "clip_ids": clip}
     kw = dict(vocab_size=VOCAB, special_ids=SPECIAL, mask_id=MASK, eot_id=EOT)
     out = adaptation_inputs(batch, ["mlm", "match", "cliptc"], gen(), **kw)
     assert set(out) == {"bert_ids", "bert_mask", "clip_ids", "mlm_labels", "match_labels", "cliptc_labels"}

@@ -42,7 +42,7 @@ class BatchMaker:
         batch = {
             "bert_ids": torch.from_numpy(rows["bert_ids"].astype(np.int64)),
             "bert_mask": torch.from_numpy(rows["bert_mask"].astype(np.int64)),
-            "clip_ids": torch.from_numpy(rows["clip_ids"].astype(np.int64)).view(-1, self.n_blocks, 77),
+            "clip_ids": torch.from_numpy(rows["clip_ids"].astype(np.int64)).view(len(rows["clip_ids"]), self.n_blocks, -1),
         }
         batch = masking.adaptation_inputs(batch, self.s.losses, gen, mlm_prob=self.s.mlm_prob,
                                           match_prob=self.s.match_prob, cliptc_prob=self.s.cliptc_prob,

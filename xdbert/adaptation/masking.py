@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-import numpy as np
 import torch
 
 from xdbert.clip import clip_block_mask
@@ -124,12 +123,3 @@ def adaptation_inputs(batch: Mapping[str, torch.Tensor], losses: Iterable[str], 
             out["mlm_labels"] = torch.where(own, out["mlm_labels"], torch.full_like(out["mlm_labels"], IGNORE_INDEX))
     return out
 
-
-def collate(batch: Sequence[Mapping[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-    """Stack a list of per-window dicts of numpy arrays into tensors; integer arrays become int64."""
-    out = {}
-    for key in batch[0]:
-        stacked = np.stack([np.asarray(row[key]) for row in batch])
-        tensor = torch.from_numpy(stacked)
-        out[key] = tensor.long() if not tensor.is_floating_point() and tensor.dtype != torch.bool else tensor
-    return out

@@ -124,7 +124,7 @@ def pretrain(model: torch.nn.Module, tokenizer, sentences: list[str], s: Pretrai
 
 def shard_blocks(split) -> torch.Tensor:
     """The CLIP blocks (N, 77) of every window of a token-shard split, what the CLIP tower's stand-in learns from."""
-    return torch.from_numpy(split[np.arange(len(split))]["clip_ids"].astype(np.int64)).view(-1, CLIP_CONTEXT)
+    return torch.from_numpy(split.column("clip_ids").astype(np.int64)).view(-1, CLIP_CONTEXT)
 
 
 def pretrain_clip(tower: torch.nn.Module, blocks: torch.Tensor, eot_id: int, s: PretrainSettings, checkpoint: Path,

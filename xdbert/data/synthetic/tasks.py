@@ -47,6 +47,10 @@ def _rows(task: str, n: int, rng: random.Random, seen: set, **kw) -> list[Row]:
             key = (row[0], row[1], tuple(row[2]) if row[2] else None)
             if key not in seen:
                 break
+        else:
+            raise PipelineError(f"the {task} stand-in drew 200 repeats of its earlier examples in a row after {len(seen)}: "
+                                f"its generator has too few distinct examples for `tasks.train_size` and `tasks.dev_size`; "
+                                f"lower them")
         seen.add(key)
         rows.append(row)
     return rows

@@ -28,9 +28,6 @@ from xdbert.errors import PipelineError
 from xdbert.io import atomic_path, read_parquet, write_parquet
 
 TASK_KINDS = ("classification", "regression", "multiple_choice")
-MODEL_SIZES = ("base", "large")
-# Table 5 of the paper: the small GLUE tasks get a higher rate; "others" covers every other task.
-LEARNING_RATES = {"high": {"base": 1e-4, "large": 5e-5}, "low": {"base": 2e-5, "large": 1e-5}}
 
 
 @dataclass(frozen=True)
@@ -45,7 +42,6 @@ class TaskSpec:
     metric: str               # the headline metric (Table 1)
     higher_is_better: bool
     metrics: tuple[str, ...]  # everything reported, headline first
-    lr_class: str             # "high" (RTE, MRPC, STS-B) or "low" (others), Table 5
     label_names: tuple[str, ...] = ()
 
     @property
@@ -56,32 +52,26 @@ class TaskSpec:
     def label_type(self) -> pa.DataType:
         return pa.float64() if self.kind == "regression" else pa.int64()
 
-    def learning_rate(self, size: str = "base") -> float:
-        """The paper's finetuning learning rate for a `base` or `large` encoder (Table 5)."""
-        if size not in MODEL_SIZES:
-            raise PipelineError(f"unknown model size {size!r}; allowed: {', '.join(MODEL_SIZES)}")
-        return LEARNING_RATES[self.lr_class][size]
-
 
 _DEV = ("dev",)
 TASK_SPECS: dict[str, TaskSpec] = {t.name: t for t in (
-    TaskSpec("rte", "classification", 2, True, _DEV, "accuracy", True, ("accuracy",), "high",
+    TaskSpec("rte", "classification", 2, True, _DEV, "accuracy", True, ("accuracy",),
              ("entailment", "not_entailment")),
-    TaskSpec("mrpc", "classification", 2, True, _DEV, "f1", True, ("f1", "accuracy"), "high",
+    TaskSpec("mrpc", "classification", 2, True, _DEV, "f1", True, ("f1", "accuracy"),
              ("not_equivalent", "equivalent")),
-    TaskSpec("stsb", "regression", 1, True, _DEV, "spearman", True, ("spearman", "pearson"), "high"),
-    TaskSpec("cola", "classification", 2, False, _DEV, "matthews", True, ("matthews", "accuracy"), "low",
+    TaskSpec("stsb", "regression", 1, True, _DEV, "spearman", True, ("spearman", "pearson")),
+    TaskSpec("cola", "classification", 2, False, _DEV, "matthews", True, ("matthews", "accuracy"),
              ("unacceptable", "acceptable")),
-    TaskSpec("sst2", "classification", 2, False, _DEV, "accuracy", True, ("accuracy",), "low",
+    TaskSpec("sst2", "classification", 2, False, _DEV, "accuracy", True, ("accuracy",),
              ("negative", "positive")),
-    TaskSpec("qnli", "classification", 2, True, _DEV, "accuracy", True, ("accuracy",), "low",
+    TaskSpec("qnli", "classification", 2, True, _DEV, "accuracy", True, ("accuracy",),
              ("entailment", "not_entailment")),
-    TaskSpec("qqp", "classification", 2, True, _DEV, "accuracy", True, ("accuracy", "f1"), "low",
+    TaskSpec("qqp", "classification", 2, True, _DEV, "accuracy", True, ("accuracy", "f1"),
              ("not_duplicate", "duplicate")),
     TaskSpec("mnli", "classification", 3, True, ("dev_matched", "dev_mismatched"), "accuracy", True,
-             ("accuracy",), "low", ("entailment", "neutral", "contradiction")),
-    TaskSpec("swag", "multiple_choice", 4, True, _DEV, "accuracy", True, ("accuracy",), "low"),
-    TaskSpec("read", "regression", 1, False, _DEV, "rmse", False, ("rmse",), "low"),
+             ("accuracy",), ("entailment", "neutral", "contradiction")),
+    TaskSpec("swag", "multiple_choice", 4, True, _DEV, "accuracy", True, ("accuracy",)),
+    TaskSpec("read", "regression", 1, False, _DEV, "rmse", False, ("rmse",)),
 )}
 TASK_NAMES = tuple(TASK_SPECS)
 

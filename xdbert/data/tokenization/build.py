@@ -51,7 +51,7 @@ class Settings:
 
         max_len = P.positive(get("max_len"), "tokenize.max_len")
         if not MIN_MAX_LEN <= max_len <= INT16_MAX:
-            raise PipelineError(f"`tokenize.max_len` must be between {MIN_MAX_LEN} ([CLS] + 6 tokens + [SEP]) and the encoder's positions; got {max_len}")
+            raise PipelineError(f"`tokenize.max_len` must be between {MIN_MAX_LEN} ([CLS] + 6 tokens + [SEP]) and {INT16_MAX} (alignment positions are int16); got {max_len}")
         n_blocks = P.positive(get("n_blocks"), "tokenize.n_blocks")
         if n_blocks * CLIP_CONTEXT > INT16_MAX:
             raise PipelineError(f"`tokenize.n_blocks` must be at most {INT16_MAX // CLIP_CONTEXT} (alignment positions are int16); got {n_blocks}")
