@@ -94,6 +94,10 @@ want 10 && share 240 --kind full --compile --runs 1 --name share_full_cudagraphs
 [ -n "$recorded" ] && want 11 && share 150 --compile --cuda-graph --runs 4 --name share_graph_4
 # 12. eight compiled recorded runs under MPS: does sharing pay past 4 once the kernels overlap?
 [ -n "$recorded" ] && want 12 && under_mps share 200 --compile --cuda-graph --runs 8 --name share_graph_8_mps
+# 13. four of step 9's whole-model runs under MPS: Table 8's `full` runs are about half of the paper run's
+#     GPU-hours at one run's 6.3% MFU (bench/results/finetune_cost.md), so what sharing adds to them moves
+#     the cost table most. Not in the default STEPS: with step 9's compile cache warm, about 240 s
+[ -n "$recorded" ] && want 13 && under_mps share 240 --kind full --compile --cuda-graph --runs 4 --name share_full_graph_4_mps
 # MORE=1: the unstacked path's diagnosis, for a lease with time to spare
 if [ -n "${MORE:-}" ]; then
     # where a step goes: kernels by GPU time, host calls by CPU time, each operation that makes the host
