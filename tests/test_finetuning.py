@@ -391,6 +391,37 @@ def test_saved_runs_are_keyed_by_the_code_the_grid_runs_and_no_other():
     assert len(job_module.code_digest()) == 16
 
 
+def test_a_run_is_keyed_by_the_settings_its_kind_reads(bert_dir):
+    """Changing the dropout before a new head (or the CLIP blocks) keeps the encoder's saved runs, which
+    read neither, and makes the CLIP tower's and the full model's stale; the learning rate counts for all."""
+    job = prepare("encoder", bert_dir, keyword_tables("sst2", 8, 4), settings(get_task("sst2")))
+    h = job.hyperparameters
+    for kind in ("encoder", "clip", "full"):
+        base = grid.run_key(dataclasses.replace(job, model_kind=kind), 0, "cpu")
+        for change, read in (({"dropout": h.dropout / 2}, kind != "encoder"),
+                             ({"clip_blocks_per_sentence": h.clip_blocks_per_sentence + 1}, kind != "encoder"),
+                             ({"lr": h.lr * 2}, True)):
+            other = dataclasses.replace(job, model_kind=kind, hyperparameters=dataclasses.replace(h, **change))
+            assert (grid.run_key(other, 0, "cpu") != base) == read, (kind, change)
+
+
+def test_a_model_folder_is_read_once_for_every_task(bert_dir, tmp_path, monkeypatch):
+    """The stage prepares one job per (model, task): each model file is hashed once, and again only once
+    it changes."""
+    job_module.code_digest()  # the code's files are hashed once per process anyway
+    reads, sha256_file = [], job_module.sha256_file
+    monkeypatch.setattr(job_module, "sha256_file", lambda path: reads.append(path.name) or sha256_file(path))
+    job_module._file_digest.cache_clear()
+    model = tmp_path / "model"
+    shutil.copytree(bert_dir, model)
+    files = sorted(p.name for p in model.rglob("*") if p.is_file())
+    first = [prepare("encoder", model, keyword_tables(task, 8, 4), settings(get_task(task))) for task in ("sst2", "stsb")]
+    assert sorted(reads) == files and first[0].identity != first[1].identity
+    (model / "config.json").write_text((model / "config.json").read_text() + "\n")
+    again = prepare("encoder", model, keyword_tables("sst2", 8, 4), settings(get_task("sst2")))
+    assert reads[len(files):] == ["config.json"] and again.identity != first[0].identity
+
+
 def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_path, monkeypatch):
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1))

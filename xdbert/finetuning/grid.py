@@ -32,11 +32,18 @@ def groups(job: Job, seeds: list[int]) -> list[Group]:
     return [tuple(seeds[i:i + k]) for i in range(0, len(seeds), k)]
 
 
+# Settings a kind of model never reads: the encoder's own config sets its dropout, and it reads no CLIP
+# blocks. Changing one of them must not retrain Table 1's encoder runs, the bulk of the grid.
+NOT_READ = {"encoder": ("dropout", "clip_blocks_per_sentence")}
+
+
 def run_key(job: Job, seed: int, device: str, group: Group | None = None) -> str:
-    """What decides a run's result (`Job.identity` covers the code, model files and data), as a file name;
-    `device` as `training.device_name` gives it; `group`, the seeds stacked with it, where there are any."""
+    """What decides a run's result (`Job.identity` covers the code, model files and data; the settings its
+    kind reads), as a file name; `device` as `training.device_name` gives it; `group`, the seeds stacked
+    with it, where there are any."""
+    read = {k: v for k, v in dataclasses.asdict(job.hyperparameters).items() if k not in NOT_READ.get(job.model_kind, ())}
     stacked = [list(group)] if group and len(group) > 1 else []
-    return training.fingerprint(job.identity, dataclasses.asdict(job.hyperparameters), seed, device, *stacked)
+    return training.fingerprint(job.identity, read, seed, device, *stacked)
 
 
 def cache_entry(job: Job, seed: int, device: str, group: Group | None = None) -> tuple[Path, str]:

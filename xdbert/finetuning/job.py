@@ -128,6 +128,13 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
+@functools.cache
+def _file_digest(path: Path, inode: int, size: int, mtime_ns: int) -> str:
+    """A file's sha256, read once per (inode, size, mtime), as DVC's own state keeps it: every task's jobs
+    hash the same model folders, gigabytes in the paper profile."""
+    return sha256_file(path)
+
+
 def job_identity(job: Job) -> str:
     """A hash of what a run's result depends on besides the hyperparameters and the seed: the code, the
     model kind, the task, every file of the model folder and the tokenized data. A saved run is reused only
@@ -135,7 +142,8 @@ def job_identity(job: Job) -> str:
     h = hashlib.sha256(f"{code_digest()} {job.model_kind} {job.spec.name} {job.eot_id}\n".encode())
     root = Path(job.model_path)
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(f"{path.relative_to(root)}:{sha256_file(path)}\n".encode())
+        st = path.stat()
+        h.update(f"{path.relative_to(root)}:{_file_digest(path, st.st_ino, st.st_size, st.st_mtime_ns)}\n".encode())
     for split in sorted(job.data):
         d = job.data[split]
         arrays = [d.idx, d.labels, *(a for name in sorted(d.inputs) for a in (d.inputs[name].flat, d.inputs[name].offsets))]
