@@ -713,6 +713,24 @@ def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, c
     assert outputs(workdir) == two
 
 
+def test_a_ray_address_where_nothing_answers_fails_before_any_work(workdir, monkeypatch, capsys):
+    """ray.init retries such an address for ever: the stage says so in one line, in seconds, and the
+    results already written stay."""
+    import socket
+
+    kept = workdir / "results" / "finetune" / "sst2" / "kept.txt"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("yesterday's")
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for address, says in ((f"127.0.0.1:{port}", f"nothing answers at 127.0.0.1:{port}"),
+                          ("headnode", "'headnode' is not a Ray address; allowed: HOST:PORT")):
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        code, log, err = run_stage_here(workdir, (), monkeypatch, capsys)
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+        assert "finetune sst2" not in log and kept.read_text() == "yesterday's"
+
 TWO_FAMILIES = {"bert": {"label": "BERT-b", "size": "base", "layer_lr_decay": 1.0},
                 "electra": {"label": "ELECTRA-l", "encoder": "random:electra", "size": "large", "layer_lr_decay": 0.9}}
 

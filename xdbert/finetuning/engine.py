@@ -15,6 +15,7 @@ a run's result does not depend on it (each CPU run computes with a fixed number 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Iterator
 
@@ -108,17 +109,42 @@ def mkl_differs(placed: list[dict]) -> str | None:
             "on Intel CPUs their runs write other bytes; install xdbert there with a C compiler (docs/reproducibility.md)")
 
 
+# How long the head of `RAY_ADDRESS` has to answer. ray.init itself retries an address where nothing
+# answers for ever, logging only that the GCS timed out.
+ANSWER_TIMEOUT_S = 20
+
+
+def check_address() -> None:
+    """A `RAY_ADDRESS` that is set names a head that answers, checked before the stage does any work."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address in ("", "auto", "local"):  # ray.init's own words: it fails at once when "auto" finds no cluster
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        raise PipelineError(f"RAY_ADDRESS={address!r} is not a Ray address; allowed: HOST:PORT (a cluster's head, "
+                            "port 6379 by default), ray://HOST:PORT (Ray Client), auto, or unset for a local instance")
+    try:
+        socket.create_connection((host, int(port)), timeout=ANSWER_TIMEOUT_S).close()
+    except OSError as e:
+        raise PipelineError(f"RAY_ADDRESS={address!r}: nothing answers at {host}:{port} ({e}); start the cluster's "
+                            "head there (`ray start --head`) or unset RAY_ADDRESS to run on a local instance") from None
+
+
 def connect() -> bool:
     """Join the Ray cluster of `RAY_ADDRESS`, or start a local instance sized to this machine.
     True when this call started Ray (so the caller shuts it down)."""
     if ray.is_initialized():
         return False
+    check_address()
     # Every worker imports xdbert first: unpickling the actor class imports its module's globals, torch
     # before xdbert, and MKL would then pick its kernels by the CPU's vendor (xdbert.numerics)
     options = {"include_dashboard": False, "logging_level": "ERROR", "configure_logging": True,
                "runtime_env": {"worker_process_setup_hook": "xdbert.numerics.fix_cpu_numerics"}}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(**options)  # ray.init reads RAY_ADDRESS itself
+        try:
+            ray.init(**options)  # ray.init reads RAY_ADDRESS itself
+        except ConnectionError as e:  # "auto" with no cluster on this machine
+            raise PipelineError(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']!r}: {e}") from None
     else:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         # "local": a new instance, always. With no address ray.init would join the last cluster `ray start`
