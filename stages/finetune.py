@@ -37,13 +37,15 @@ def main() -> None:
         plan.append((task, settings, runs))
 
     # Heavy imports only once the inputs are known to be good: a typo fails in a second.
-    from xdbert.finetuning.engine import check_address, workers_from_env
+    from xdbert.finetuning.engine import check_address, runs_per_gpu_from_env, workers_from_env
     from xdbert.finetuning.grid import run_grid
     from xdbert.finetuning.job import prepare
     from xdbert.finetuning.results import write_results
 
+    # The machine's settings, checked before the tasks are tokenized (a CPU machine never reads the GPU's)
     workers = workers_from_env()
-    check_address()  # before the tasks are tokenized
+    runs_per_gpu_from_env()
+    check_address()
     jobs = []
     for task, settings, runs in plan:
         task_tables = tables.pop(task.name)  # tokenized into the jobs: the text is not kept

@@ -713,9 +713,10 @@ def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, c
     assert outputs(workdir) == two
 
 
-def test_a_ray_address_where_nothing_answers_fails_before_any_work(workdir, monkeypatch, capsys):
-    """ray.init retries such an address for ever: the stage says so in one line, in seconds, and the
-    results already written stay."""
+def test_a_bad_machine_setting_fails_before_any_work(workdir, monkeypatch, capsys):
+    """A `RAY_ADDRESS` where nothing answers (ray.init would retry it for ever), or a runs-per-GPU count a
+    CPU machine never reads: the stage says so in one line, in seconds, and the results already written
+    stay."""
     import socket
 
     kept = workdir / "results" / "finetune" / "sst2" / "kept.txt"
@@ -724,10 +725,13 @@ def test_a_ray_address_where_nothing_answers_fails_before_any_work(workdir, monk
     with socket.socket() as s:  # a port where nothing listens
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for address, says in ((f"127.0.0.1:{port}", f"nothing answers at 127.0.0.1:{port}"),
-                          ("headnode", "'headnode' is not a Ray address; allowed: HOST:PORT")):
-        monkeypatch.setenv("RAY_ADDRESS", address)
+    for variable, value, says in (
+            ("RAY_ADDRESS", f"127.0.0.1:{port}", f"nothing answers at 127.0.0.1:{port}"),
+            ("RAY_ADDRESS", "headnode", "'headnode' is not a Ray address; allowed: HOST:PORT"),
+            (engine.RUNS_PER_GPU_ENV, "four", "XDBERT_RUNS_PER_GPU='four' must be a positive number, or auto")):
+        monkeypatch.setenv(variable, value)
         code, log, err = run_stage_here(workdir, (), monkeypatch, capsys)
+        monkeypatch.delenv(variable)
         assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
         assert "finetune sst2" not in log and kept.read_text() == "yesterday's"
 

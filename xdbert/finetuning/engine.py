@@ -71,10 +71,15 @@ def run_gib(model_paths: list) -> float:
     return max(GIB_PER_RUN, GIB_PER_RUN * parameters / BASE_PARAMETERS)
 
 
+def runs_per_gpu_from_env() -> int | str:
+    """`XDBERT_RUNS_PER_GPU`: a positive number, or `auto` (the default)."""
+    return _count_from_env(RUNS_PER_GPU_ENV, f"up to {MAX_RUNS_PER_GPU}, as the GPU's memory allows")
+
+
 def runs_per_gpu(gib_per_run: float = GIB_PER_RUN) -> int:
     """`XDBERT_RUNS_PER_GPU`, or for `auto` as many runs of `gib_per_run` as this machine's first GPU
     holds, at most 8 (a cluster's GPUs that this machine cannot see: 4 base runs, fewer larger ones)."""
-    chosen = _count_from_env(RUNS_PER_GPU_ENV, f"up to {MAX_RUNS_PER_GPU}, as the GPU's memory allows")
+    chosen = runs_per_gpu_from_env()
     if chosen != "auto":
         return chosen
     if not torch.cuda.is_available():
