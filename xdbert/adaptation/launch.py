@@ -1,6 +1,6 @@
 """One adaptation process per GPU, without a flag to remember.
 
-`dvc repro` runs `python stages/adapt.py VARIANT`. On a machine with several visible GPUs the stage
+`dvc repro` runs `python stages/adapt.py FAMILY VARIANT`. On a machine with several visible GPUs the stage
 starts itself again under `accelerate launch`, one process per GPU, and waits for them: every GPU
 trains, and the outputs are the ones the processes write (the main one alone). `CUDA_VISIBLE_DEVICES`
 chooses which GPUs; a single GPU or the CPU trains in the stage's own process.
