@@ -306,10 +306,10 @@ DAMAGE = [  # name, path, how, the stage that reads it
     ("missing tokenizer", "models/tokenizer/tokenizer.json", "delete", ["stages/adapt.py", "bert", "mlm"]),
     ("invalid encoder config", "models/pretrain_encoder/bert/config.json", "garbage", ["stages/adapt.py", "bert", "mlm"]),
     ("truncated adapted weights", "models/adapted/bert/mlm/model.safetensors", "truncate", ["stages/finetune.py"]),
-    ("invalid adaptation metrics", "metrics/adapt/mlm_match.json", "garbage", ["stages/aggregate.py"]),
+    ("invalid adaptation metrics", "metrics/adapt/bert/mlm_match.json", "garbage", ["stages/aggregate.py"]),
     ("truncated predictions", "results/finetune/rte/bert/mlm/predictions.parquet", "truncate", ["stages/aggregate.py"]),
     ("invalid params.yaml", "params.yaml", "garbage", ["stages/aggregate.py"]),
-    ("missing adaptation metrics", "metrics/adapt/mlm.json", "delete", ["stages/aggregate.py"]),
+    ("missing adaptation metrics", "metrics/adapt/bert/mlm.json", "delete", ["stages/aggregate.py"]),
 ]
 
 
@@ -351,8 +351,8 @@ def main() -> None:
         c.damage(name, rel, how, [py, *cmd], prepare)
     (repo / "checkpoints").exists() and shutil.rmtree(repo / "checkpoints")
     c.disk_full([py, "stages/aggregate.py"], "reports")
-    if not args.short:
-        c.disk_full([py, "stages/finetune.py"], "results/finetune")
+    if not args.short:  # the folder that holds results/finetune and its atomic write's temporary one
+        c.disk_full([py, "stages/finetune.py"], "results")
     final = c.differences(allow_absent=False)
     if final:
         print(f"after the campaign the outputs differ from the reference: {final}")
