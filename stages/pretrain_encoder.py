@@ -33,6 +33,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from xdbert.adaptation import pretraining
+    from xdbert.data.tokenization.vocab import check_tokenizer_folder
     from xdbert.model.encoders import RANDOM_PREFIX, build_masked_lm
 
     out, metrics_file = paths.pretrain_encoder(family), paths.PRETRAIN_ENCODER_METRICS / f"{family}.json"
@@ -46,6 +47,7 @@ def main() -> None:
         return
 
     checkpoint = paths.CHECKPOINTS / "pretrain_encoder" / f"{family}.pt"
+    check_tokenizer_folder(paths.TOKENIZER)
     tokenizer = AutoTokenizer.from_pretrained(str(paths.TOKENIZER))
     sentences = pretraining.corpus_sentences(paths.CORPUS)
     torch.manual_seed(model.seed)

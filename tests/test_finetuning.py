@@ -422,6 +422,25 @@ def test_a_model_folder_is_read_once_for_every_task(bert_dir, tmp_path, monkeypa
     assert reads[len(files):] == ["config.json"] and again.identity != first[0].identity
 
 
+def test_a_tokenizer_folder_without_its_vocabulary_is_refused(bert_dir, tmp_path):
+    """transformers loads such a folder as a tokenizer of the special tokens alone, and every word would
+    read as [UNK]: the run would train and score on nothing, and exit 0."""
+    from xdbert.data.tokenization.vocab import load_encoder_tokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(bert_dir, model)
+    for name in ("tokenizer.json", "vocab.txt"):
+        (model / name).unlink(missing_ok=True)
+    with pytest.raises(PipelineError, match=f"{model} holds no vocabulary .* rerun the stage that writes it"):
+        prepare("encoder", model, keyword_tables("sst2", 8, 4), settings(get_task("sst2")))
+    with pytest.raises(PipelineError, match="holds no vocabulary"):
+        load_encoder_tokenizer(str(model))
+
+def test_a_max_len_past_the_encoders_positions_is_refused_before_any_training(bert_dir):
+    with pytest.raises(PipelineError, match="`finetune.max_len: 100` is longer than the 64 positions .* at most 64"):
+        prepare("encoder", bert_dir, keyword_tables("sst2", 8, 4), settings(get_task("sst2"), max_len=100))
+    assert prepare("encoder", bert_dir, keyword_tables("sst2", 8, 4), settings(get_task("sst2"), max_len=64)).identity
+
 def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_path, monkeypatch):
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1))

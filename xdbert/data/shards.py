@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from xdbert import io
-from xdbert.data.tokenization.vocab import clip_vocab_hash, vocab_hash
+from xdbert.data.tokenization.vocab import check_tokenizer_folder, clip_vocab_hash, vocab_hash
 from xdbert.errors import PipelineError
 
 FORMAT = "xdbert-shards/1"
@@ -163,6 +163,7 @@ def check_matches(manifest: dict, tokenizer_dir: str | Path, clip_name: str) -> 
 
     from xdbert.clip import clip_tokenizer
 
+    check_tokenizer_folder(tokenizer_dir)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     if vocab_hash(tok.get_vocab()) != manifest["bert_tokenizer"]["vocab_sha256"]:
         raise PipelineError(f"the shards were tokenized with another vocabulary than {tokenizer_dir}: {REBUILD}")

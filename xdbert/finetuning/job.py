@@ -18,6 +18,7 @@ from torch import nn
 from xdbert import imports, io
 from xdbert.data.shards import sha256_file
 from xdbert.data.tasks.registry import TaskSpec
+from xdbert.data.tokenization.vocab import check_tokenizer_folder
 from xdbert.errors import PipelineError
 from xdbert.finetuning import data as fd
 from xdbert.finetuning.heads import (ClipTowerClassifier, EncoderClassifier, FullModelClassifier, RowSubsetEmbedding,
@@ -67,12 +68,18 @@ def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: Fin
         raise PipelineError("the full cross-modal model keeps no tokenizer: pass tokenizer_dir (models/tokenizer)")
     if model_kind in ("encoder", "full"):
         tok_dir = model_path if model_kind == "encoder" else Path(tokenizer_dir)
+        check_tokenizer_folder(tok_dir)
         try:
             tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         except (OSError, ValueError) as e:
             raise PipelineError(f"cannot load a tokenizer from {tok_dir} ({e}); run the stage that writes it") from e
         if not tokenizer.is_fast:
             raise PipelineError(f"the tokenizer in {tok_dir} is not a fast (Rust) tokenizer; save one with tokenizer.json")
+        encoder_dir = model_path if model_kind == "encoder" else model_path / "encoder"
+        positions = getattr(AutoConfig.from_pretrained(encoder_dir), "max_position_embeddings", settings.max_len)
+        if settings.max_len > positions:  # a longer example would fail inside the model, minutes into the grid
+            raise PipelineError(f"`finetune.max_len: {settings.max_len}` is longer than the {positions} positions of "
+                                f"{encoder_dir}'s encoder; allowed: at most {positions}")
         data = {split: fd.encode_bert(tokenizer, spec, t, settings.max_len) for split, t in tables.items()}
 
     eot_id = 49407

@@ -82,10 +82,24 @@ def _from_hub(load: Callable[[str], Any], name: str, what: str) -> Any:
         raise PipelineError(f"could not load {what}: {e}") from e
 
 
+# What a tokenizer folder needs: a fast tokenizer's file, or the WordPiece vocabulary one is built from.
+# Without either, transformers builds a tokenizer of the special tokens alone, and every word reads as [UNK].
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+
+
+def check_tokenizer_folder(folder: str | Path) -> None:
+    """A local tokenizer folder holds its vocabulary (a hub id is left to its loader)."""
+    folder = Path(folder)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise PipelineError(f"{folder} holds no vocabulary (neither {' nor '.join(TOKENIZER_FILES)}), so every word would "
+                            "read as [UNK]: rerun the stage that writes it (`dvc repro`)")
+
+
 def load_encoder_tokenizer(name: str):
     """`AutoTokenizer.from_pretrained(name)` (a hub id or a local folder); offline -> PipelineError."""
     from transformers import AutoTokenizer
 
+    check_tokenizer_folder(name)
     tok = _from_hub(lambda n: AutoTokenizer.from_pretrained(source(n)), name, f"the tokenizer of `model.encoder: {name}`")
     if getattr(tok, "backend_tokenizer", None) is None:
         raise PipelineError(f"the tokenizer of `model.encoder: {name}` has no fast (Rust) backend; the pipeline needs one")
