@@ -596,6 +596,28 @@ def test_save_full_round_trip_is_exact(tmp_path, changes):
         assert (tmp_path / f"again{i}" / "model.safetensors").read_bytes() == (tmp_path / "full" / "model.safetensors").read_bytes()
 
 
+def test_damaged_saved_models_are_named_in_one_error(tmp_path):
+    """A cut-short weights file or a missing config gives a PipelineError naming the file, not a traceback
+    from safetensors or transformers (the analyses load these folders directly)."""
+    from xdbert.model.saving import load_clip_tower, save_clip_tower
+
+    model = tiny_model(seed=5)
+    save_full(model, tmp_path / "full")
+    save_clip_tower(model.clip, tmp_path / "clip", model.config.clip)
+    BertForMaskedLM(AutoConfig.for_model("bert", vocab_size=100, **TINY_BERT)).save_pretrained(tmp_path / "bert")
+    for folder in ("full", "clip", "bert"):
+        weights = tmp_path / folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:500])
+    with pytest.raises(PipelineError, match="model file .*full/model.safetensors is missing or damaged"):
+        load_full(tmp_path / "full")
+    with pytest.raises(PipelineError, match="model file .*clip/model.safetensors is missing or damaged"):
+        load_clip_tower(tmp_path / "clip")
+    with pytest.raises(PipelineError, match="model file .*bert/model.safetensors is missing or damaged"):
+        build_language_encoder(str(tmp_path / "bert"))
+    (tmp_path / "full" / "encoder" / "config.json").unlink()
+    with pytest.raises(PipelineError, match="missing file .*full/encoder/config.json"):
+        load_full(tmp_path / "full")
+
 def test_unknown_clip_name_and_strip_heads():
     with pytest.raises(PipelineError, match="unknown CLIP model"):
         XDBertModel.build(tiny_config(clip="nosuch-clip"))

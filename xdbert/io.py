@@ -97,3 +97,18 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise PipelineError(f"{path} is not valid JSON ({e}); delete it and rerun `dvc repro`") from e
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """A safetensors file reads: its header covers the whole file, so a cut-short or damaged one fails
+    here, in a second, instead of as a traceback from the loader."""
+    from safetensors import safe_open
+
+    from xdbert.errors import PipelineError
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # SafetensorError, or an OSError
+        raise PipelineError(f"model file {path} is missing or damaged ({' '.join(str(e).split())[:160]}): "
+                            f"rerun the stage that writes {Path(path).parent} (`dvc repro`)") from e

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from xdbert import params, paths
+from xdbert import io, params, paths
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ablation_family, family_names
 
@@ -165,18 +165,12 @@ class Study:
 
 def check_model_folders(runs: list[Run], tokenizer_dir: Path) -> None:
     """Every run's model folder is complete, and the BERT tokenizer is there when a `full` run needs it."""
-    from safetensors import safe_open
-
     for run in runs:
         where = MODEL_FOLDERS[run.model_kind]
         if not (run.model_dir / where.required).is_file():
             raise PipelineError(f"model folder {run.model_dir} is missing or has no {where.required}: run the stage that "
                                 f"writes it (`dvc repro`); a `{run.model_kind}` model lives in {where.shown}")
         for weights in sorted(run.model_dir.glob("*.safetensors")):
-            try:  # reads the header, which covers the whole file: a cut-short file fails here, before any training
-                safe_open(str(weights), framework="pt").keys()
-            except Exception as e:  # SafetensorError, or an OSError
-                raise PipelineError(f"model file {weights} is damaged ({' '.join(str(e).split())[:160]}): "
-                                    f"rerun the stage that writes {run.model_dir} (`dvc repro`)") from e
+            io.check_safetensors(weights)  # before any training
     if any(run.model_kind == "full" for run in runs) and not any(Path(tokenizer_dir).glob("*.json")):
         raise PipelineError(f"missing BERT tokenizer {tokenizer_dir}: run `dvc repro dual_tokenize`")

@@ -6,12 +6,13 @@ adaptation from its pretraining stand-in (`encoder_source`, the `pretrain_encode
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 
-from xdbert import paths
+from xdbert import io, paths
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request, quiet_loading, source
 
@@ -44,6 +45,8 @@ def build_language_encoder(name: str, config_overrides: dict | None = None, voca
         return AutoModel.from_config(random_encoder_config(name, config_overrides, vocab_size))
     # A pretrained encoder comes with its own config and vocabulary: overrides and vocab_size are not
     # used (params.yaml says `encoder_config` is only for random:<model_type>).
+    for weights in sorted(Path(name).glob("*.safetensors")) if Path(name).is_dir() else []:
+        io.check_safetensors(weights)  # a damaged local folder (the encoder stand-in's): one line, not a traceback
     try:
         with hub_request(f"language encoder `{name}`"), quiet_loading():  # offline: PipelineError with what to do
             model, info = AutoModel.from_pretrained(source(name), output_loading_info=True)

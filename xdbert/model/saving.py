@@ -16,7 +16,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel
 
 from xdbert.errors import PipelineError
-from xdbert.io import atomic_path, read_json, write_json
+from xdbert.io import atomic_path, check_safetensors, read_json, write_json
 from xdbert.model.clip_tower import CLIPTextTower, clip_uses_quick_gelu
 from xdbert.model.modeling import XDBertConfig, XDBertModel
 
@@ -55,6 +55,7 @@ def load_clip_tower(directory: str | Path) -> tuple[CLIPTextTower, dict]:
     if not (directory / CLIP_CONFIG_FILE).is_file():
         raise PipelineError(f"{directory} is not a saved CLIP text tower (no {CLIP_CONFIG_FILE}): run `dvc repro pretrain_clip`")
     config = read_json(directory / CLIP_CONFIG_FILE)
+    check_safetensors(directory / CLIP_WEIGHTS_FILE)
     tower = CLIPTextTower.build(config["clip"], "", config.get("clip_quick_gelu"))
     load_model(tower, str(directory / CLIP_WEIGHTS_FILE), strict=True)
     return tower, config
@@ -108,6 +109,8 @@ def load_full(directory: str | Path, device: str | torch.device = "cpu") -> XDBe
 
     directory = Path(directory)
     config = XDBertConfig.from_dict(read_json(directory / CONFIG_FILE))
+    read_json(directory / ENCODER_CONFIG_DIR / "config.json")  # there and valid, or a PipelineError naming it
+    check_safetensors(directory / WEIGHTS_FILE)
     encoder = AutoModel.from_config(AutoConfig.from_pretrained(directory / ENCODER_CONFIG_DIR))
     clip = None
     if config.uses_clip and not config.placeholder:
