@@ -171,6 +171,13 @@ def test_profile_switch_refuses_bad_input_and_keeps_the_file(tmp_path):
     assert "error: profile paper with your changes: missing param `families.bert.label`" in r.stderr and "--reset" in r.stderr
     assert (tmp_path / "params.yaml").read_text() == edited
     assert cli("profile", "paper", "--reset", cwd=tmp_path).returncode == 0
+    # a folder, or a path that cannot be written: one line, no traceback
+    r = cli("profile", "paper", "--params", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {tmp_path} is a folder; give the params file to write (params.yaml)"
+    r = cli("profile", "paper", "--params", str(tmp_path / "params.yaml" / "params.yaml"), cwd=tmp_path)  # under a file
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "error: could not write" in r.stderr, r.stderr
+    r = cli("check", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "is a folder; give the params file" in r.stderr
 
 
 def test_every_profile_key_is_known_and_unknown_keys_are_refused(tmp_path):

@@ -137,6 +137,15 @@ def test_unknown_sizes_is_one_clear_error(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_an_out_that_is_a_file_or_cannot_be_written_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("kept")
+    result = CliRunner().invoke(app, ["rehearse", "--out", str(tmp_path / "file"), "--no-repro"])
+    assert result.exit_code == 2 and "is not an empty folder: give a new folder" in result.output
+    assert (tmp_path / "file").read_text() == "kept"
+    result = CliRunner().invoke(app, ["rehearse", "--out", str(tmp_path / "file" / "r"), "--no-repro"])
+    assert result.exit_code == 2 and "could not clone the project into" in result.output, result.output
+
+
 @pytest.mark.rehearsal
 def test_the_untouched_paper_profile_runs_end_to_end_offline(tmp_path):
     """`xdbert rehearse --sizes tiny`: the paper profile's whole graph, offline against the mirror, writes every

@@ -24,6 +24,9 @@ def profile(
     if name not in PROFILES:
         typer.echo(f"error: unknown profile {name!r}; allowed: {', '.join(PROFILES)}", err=True)
         raise typer.Exit(2)
+    if params_file.is_dir():
+        typer.echo(f"error: {params_file} is a folder; give the params file to write (params.yaml)", err=True)
+        raise typer.Exit(2)
     changes: dict = {}
     if params_file.exists():
         try:
@@ -49,7 +52,11 @@ def profile(
             typer.echo(f"error: profile {name} with your changes: {' '.join(str(e).split())}; {params_file} is left as it "
                        f"was: undo that change, or `--reset` to drop them all", err=True)
             raise typer.Exit(2)
-    io.write_text(params_file, text)
+    try:
+        io.write_text(params_file, text)
+    except OSError as e:
+        typer.echo(f"error: could not write {params_file} ({e.strerror or e}); give a params file in a folder you can write", err=True)
+        raise typer.Exit(2)
     typer.echo(f"{params_file}: profile {name}. Run `dvc repro` (or `dvc exp run`) to rebuild what changed.")
 
 

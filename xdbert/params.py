@@ -74,6 +74,8 @@ def read_yaml_text(text: str) -> Any:
 
 def load(path: str | Path = "params.yaml") -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise PipelineError(f"{path} is a folder; give the params file (params.yaml)")
     if not path.is_file():
         raise PipelineError(f"missing {path}: run from the repository root, or `xdbert profile embedded` to write one")
     try:

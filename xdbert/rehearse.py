@@ -62,14 +62,16 @@ def offline_env(out: Path) -> dict[str, str]:
 
 def clone(out: Path, say: Callable[[str], None]) -> None:
     """DIR as a clone of this checkout's HEAD; the local mirror stays out of git's view there."""
-    if out.exists() and any(out.iterdir()):
-        raise PipelineError(f"{out} exists and is not empty: give a new folder for the rehearsal")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PipelineError(f"{out} exists and is not an empty folder: give a new folder for the rehearsal")
     if not (REPO / ".git").exists():
         raise PipelineError(f"{REPO} is not a git checkout: `xdbert rehearse` clones the project's code from one")
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True, check=True).stdout.strip()
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(out)], check=True)
+    cloned = subprocess.run(["git", "clone", "--quiet", str(REPO), str(out)], capture_output=True, text=True)
+    if cloned.returncode:
+        raise PipelineError(f"could not clone the project into {out} ({' '.join(cloned.stderr.split())}): give a folder you can write")
     library = numerics.mkl_library()  # built by the install, not in git: DIR's code would run without it
     if library:
         shutil.copy(library, out / "xdbert")
