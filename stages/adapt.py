@@ -103,4 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run(main)
+    run(main, takes_arguments=True)

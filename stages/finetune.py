@@ -9,16 +9,11 @@ Results: results/finetune/<task>/<family>/<run>/{metrics.json,predictions.parque
 a key of what decided it: a rerun of the stage, after a kill or after one model, task or setting changed,
 trains only the runs whose key is new.
 """
-import sys
-
 from xdbert import io, params, paths, runlog
-from xdbert.errors import PipelineError
 from xdbert.stage import run
 
 
 def main() -> None:
-    if len(sys.argv) != 1:
-        raise PipelineError("usage: python stages/finetune.py (it finetunes on every task of `tasks.names`)")
     from xdbert.data.tasks.registry import get_task, task_names
     from xdbert.finetuning import data as fd
     from xdbert.finetuning.runs import check_model_folders

@@ -5,6 +5,7 @@ the micro profile; its full form is run by hand (docs/reproducibility.md), its s
 tests/test_pipeline.py, on the project the end-to-end test reproduced.
 """
 import errno
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -60,7 +61,9 @@ def test_a_killed_writes_leftovers_go_with_the_next_write(tmp_path):
 
 @pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device", "reports/table1.md"),
                                    RuntimeError("PytorchStreamWriter failed writing file data/3: file write failed")])
-def test_a_full_disk_is_one_line_and_exit_2(error, capsys):
+def test_a_full_disk_is_one_line_and_exit_2(error, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["stages/aggregate.py"])
+
     def main():
         raise error
 
@@ -70,7 +73,9 @@ def test_a_full_disk_is_one_line_and_exit_2(error, capsys):
     assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: the disk is full")
 
 
-def test_other_errors_keep_their_traceback():
+def test_other_errors_keep_their_traceback(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["stages/aggregate.py"])
+
     def main():
         raise RuntimeError("a bug")
 

@@ -850,9 +850,10 @@ def test_compile_auto_compiles_on_a_gpu_only(bert_dir, monkeypatch):
     ((), {"lr": {"sst2": {"base": 1e-3, "large": 1e-3}, "rtee": {"base": 1e-3, "large": 1e-3}}},
      "unknown entry of `finetune.lr` 'rtee'; allowed: rte, mrpc"),
     ((), {"ablation_tasks": ["boolq"]}, "unknown entry of `finetune.ablation_tasks` 'boolq'"),
+    ((), {"ablation_tasks": ["rte"]}, "unknown entry of `finetune.ablation_tasks` 'rte'; allowed: sst2, stsb"),  # not in tasks.names
     ((), {"ablation_lr": 0}, "`finetune.ablation_lr` must be a positive number"),
     ((), {"ablation_seeds": [1, 1]}, "`finetune.ablation_seeds` must list distinct integers"),
-    (("sst2",), None, "usage: python stages/finetune.py (it finetunes on every task"),
+    (("sst2",), None, "usage: python stages/finetune.py (no arguments: it reads params.yaml); got 'sst2'"),
 ])
 def test_stage_rejects_bad_input_before_any_work(workdir, args, change, message, monkeypatch, capsys):
     if change:

@@ -165,7 +165,8 @@ SCHEMA: dict[str, Spec] = {
 
     "tasks.source": choice("generated", "hub"),
     "tasks.names": names(lambda p: list(TASK_NAMES), min_size=1,
-                         required=lambda p: list(dict.fromkeys([*p["grounding"]["tasks"], p["attention"]["task"]])),
+                         required=lambda p: list(dict.fromkeys([*p["grounding"]["tasks"], p["attention"]["task"],
+                                                                *p["finetune"]["ablation_tasks"], *p["finetune"]["clip_tasks"]])),
                          bad=st.one_of(st.just([]), st.just(["rte", "rte"]), st.lists(UNKNOWN, min_size=1, max_size=2))),
     "tasks.train_size": pos_int(), "tasks.dev_size": pos_int(),
     "tasks.train_sizes": spec(st.dictionaries(st.sampled_from(TASK_NAMES), st.integers(1, 10**5), max_size=3),
@@ -278,8 +279,8 @@ SCHEMA: dict[str, Spec] = {
     "finetune.ablations": names(lambda p: [*ADAPT_VARIANTS(p), "baseline", "xdbert"],  # those two unless Table 1 runs them
                                 bad=st.one_of(st.lists(UNKNOWN, min_size=1, max_size=2), st.just(["mlm", "xdbert"]))),
     "finetune.full_models": names(lambda p: ["xdbert"], required=lambda p: ["xdbert"], bad=st.just(["baseline"])),
-    "finetune.ablation_tasks": names(lambda p: list(TASK_NAMES)),
-    "finetune.clip_tasks": names(lambda p: list(TASK_NAMES)),
+    "finetune.ablation_tasks": names(lambda p: list(p["tasks"]["names"])),  # the study's tasks only
+    "finetune.clip_tasks": names(lambda p: list(p["tasks"]["names"])),
     "finetune.seeds": SEEDS, "finetune.rte_seeds": SEEDS,
     "finetune.ablation_lr": spec(st.one_of(st.none(), st.floats(1e-7, 1.0)), wrong("int", "float", "none"), NOT_POSITIVE),
     "finetune.ablation_seeds": spec(st.one_of(st.none(), SEEDS.valid(None, None)), wrong("list", "none"), SEEDS.bad(None, None)),

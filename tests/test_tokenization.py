@@ -420,6 +420,7 @@ def run_stage(root: Path, monkeypatch) -> tuple[int, str, str]:
     from xdbert.stage import run
 
     monkeypatch.chdir(root)
+    monkeypatch.setattr(sys, "argv", ["stages/dual_tokenize.py"])
     out, err = stdio.StringIO(), stdio.StringIO()
     code = 0
     with redirect_stdout(out), redirect_stderr(err):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import sys
+from pathlib import Path
 from typing import Callable
 
 from xdbert.errors import PipelineError
@@ -17,10 +18,14 @@ def disk_full(e: BaseException) -> bool:
     return getattr(e, "errno", None) in DISK_FULL_ERRNOS or any(t in str(e) for t in DISK_FULL_TEXTS)
 
 
-def run(main: Callable[[], None]) -> None:
+def run(main: Callable[[], None], takes_arguments: bool = False) -> None:
     """Run a stage; a `PipelineError`, or a write that found the disk full, becomes one line on stderr
-    and exit code 2. Outputs are written atomically (xdbert.io), so what was complete before stays."""
+    and exit code 2. Outputs are written atomically (xdbert.io), so what was complete before stays.
+    A stage that takes no arguments refuses any, which it would otherwise ignore; one that takes some
+    checks them itself."""
     try:
+        if not takes_arguments and len(sys.argv) > 1:
+            raise PipelineError(f"usage: python stages/{Path(sys.argv[0]).name} (no arguments: it reads params.yaml); got {' '.join(sys.argv[1:])!r}")
         main()
     except PipelineError as e:
         print("error: " + " ".join(str(e).split()), file=sys.stderr)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xdbert import params
-from xdbert.data.tasks.registry import TASK_NAMES, TaskSpec
+from xdbert.data.tasks.registry import TASK_NAMES, TaskSpec, task_names
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import Run, Study, seed_list
 
@@ -124,8 +124,8 @@ class FinetuneSettings:
             _rates(lr, name)
         seeds = seed_list(f, seeds_key(task), "finetune")
         study = Study.from_params(p)
-        for key in ("ablation_tasks", "clip_tasks"):
-            params.subset(getattr(study, key), f"finetune.{key}", TASK_NAMES, nonempty=False)
+        for key in ("ablation_tasks", "clip_tasks"):  # a task outside `tasks.names` has no data: its runs would be dropped
+            params.subset(getattr(study, key), f"finetune.{key}", task_names(p), nonempty=False)
         return cls(task=task, **s, lr=lr, seeds=seeds, study=study)
 
     def hyperparameters(self, size: str, model_kind: str, protocol: str = "table1", layer_lr_decay: float = 1.0) -> Hyperparameters:
