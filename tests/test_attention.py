@@ -204,7 +204,10 @@ def test_settings_from_the_embedded_profile(variants_present):
 @pytest.mark.parametrize("overrides, message", [
     ({"variants": []}, "`attention.variants` must be a non-empty list of adapt variants without repeats"),
     ({"variants": ["xdbert", "xdbert"]}, "without repeats"),
-    ({"variants": ["xdbert", "full"]}, "missing models/crossmodal/bert/full: run its adapt stage first (`dvc repro ablate@full`)"),
+    ({"variants": ["xdbert", "one_cross"]},
+     "missing models/crossmodal/bert/one_cross/xdbert_config.json: run its adapt stage first (`dvc repro ablate@one_cross`)"),
+    ({"variants": ["baseline"]}, "`attention.variants` names 'baseline', which is not an adapt variant (baseline has no "
+                                 "cross-modal model); allowed: xdbert, mlm_match, mlm, one_cross, two_epochs, placeholder"),
     ({"task": "swag"}, "`attention.task` must be a sentence or sentence-pair task, not multiple choice"),
     ({"task": "wnli"}, "unknown attention.task 'wnli'; allowed: rte, mrpc"),
     ({"task": ["rte"]}, "unknown attention.task ['rte']"),

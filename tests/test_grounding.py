@@ -182,7 +182,7 @@ def test_stage_writes_figure4(tmp_path, monkeypatch):
             path = tmp_path / "results" / "finetune" / t / "tiny" / model / "predictions.parquet"
             path.parent.mkdir(parents=True)
             predictions(table).to_parquet(path)
-    params = {"profile": "embedded", "adapt": {"family": "tiny"},
+    params = {"profile": "embedded", "tasks": {"names": list(tasks)}, "adapt": {"family": "tiny"},
               "families": {"tiny": {"label": "Tiny", "size": "base", "layer_lr_decay": 1.0}}, "grounding": {
         "tasks": list(tasks), "baseline": "baseline", "model": "xdbert", "threshold": 20, "captions": "generated",
         "captions_hub_split": "train", "captions_hub_column": "caption", "n_captions": 3000, "seed": 0,
@@ -202,7 +202,7 @@ def test_stage_writes_figure4(tmp_path, monkeypatch):
     assert G.read_coco_captions(tmp_path / "data" / "captions" / "captions.json") == G.generate_captions(3000, 0)
 
     (tmp_path / "results" / "finetune" / "mrpc" / "tiny" / "xdbert" / "predictions.parquet").unlink()
-    with pytest.raises(PipelineError, match=r"missing results/finetune/mrpc/tiny/xdbert/predictions.parquet: run the finetune stage"):
+    with pytest.raises(PipelineError, match=r"missing results/finetune/mrpc/tiny/xdbert/predictions.parquet: .* runs of tiny there: baseline$"):
         load_stage("grounding").main()
     params["grounding"]["captions"] = "coco/captions_train2017.json"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -268,7 +268,8 @@ def test_settings_from_the_embedded_profile(predictions_present):
     ({"seed": -1}, "`grounding.seed` must be a non-negative integer"),
     ({"captions": "coco/captions_train2017.json"}, "missing caption file coco/captions_train2017.json"),
     ({"captions": "coco_captions", "captions_hub_column": ""}, "`grounding.captions_hub_column` must be a non-empty string"),
-    ({"model": "full"}, "missing results/finetune/rte/bert/full/predictions.parquet: run the finetune stage of model `bert/full`"),
+    ({"model": "full"}, "missing results/finetune/rte/bert/full/predictions.parquet: `grounding.model` names a run the "
+                        "finetune stage did not write for `rte`; runs of bert there: baseline, xdbert"),
     ({"model": 5}, "`grounding.model` must be a non-empty string; got 5"),
     ({"stopwords": ["a"]}, "`grounding.stopwords` must be a stopword file"),
 ])
@@ -276,4 +277,11 @@ def test_settings_errors_name_the_key(predictions_present, overrides, message):
     with pytest.raises(PipelineError) as e:
         G.GroundingSettings.from_params(grounding_params(**overrides))
     assert message in str(e.value)
+
+
+def test_a_task_the_study_does_not_finetune_is_refused(predictions_present):
+    params = grounding_params()
+    params["tasks"]["names"] = ["rte", "mrpc", "sst2"]  # no cola: the finetune stage writes no predictions for it
+    with pytest.raises(PipelineError, match="unknown entry of `grounding.tasks` 'cola'; allowed: rte, mrpc, sst2"):
+        G.GroundingSettings.from_params(params, files=False)
 

@@ -65,10 +65,7 @@ def check(p: dict) -> None:
 
     adapted = [P.PROPOSED, P.BASELINE, *variants]  # what `adapt.family` adapts
     _named("finetune.ablations", study.ablations, adapted, "an adapt variant or baseline")
-    _named("attention.variants", attention.variants, [P.PROPOSED, *variants],
-           "an adapt variant (baseline has no cross-modal model)")
     _named("attention.task", [attention.task], tasks.names, "in tasks.names (its dev split is read)")
-    _named("grounding.tasks", grounding.tasks, tasks.names, "in tasks.names (its predictions are compared)")
     for task in grounding.tasks:
         runs = [run.name for run in study.runs(task)]
         _named("grounding.baseline", [grounding.baseline], runs, f"a finetune run of `adapt.family` on {task}")

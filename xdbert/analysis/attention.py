@@ -72,10 +72,15 @@ class AttentionSettings:
                 or len(set(variants)) != len(variants):
             raise PipelineError(f"`attention.variants` must be a non-empty list of adapt variants without repeats; got {variants!r}")
         family = ablation_family(params).name  # the variants are Table 3's, adapted on `adapt.family`
-        for v in variants if files else ():
-            if not (crossmodal(family, str(v)) / "xdbert_config.json").is_file():
+        adapted = [P.PROPOSED, *P.variant_names(params)]
+        for v in variants:
+            if v not in adapted:
+                raise PipelineError(f"`attention.variants` names {v!r}, which is not an adapt variant (baseline has no "
+                                    f"cross-modal model); allowed: {', '.join(adapted)}")
+            saved = crossmodal(family, v) / "xdbert_config.json"
+            if files and not saved.is_file():
                 stage = f"adapt@{family}" if v == P.PROPOSED else f"ablate@{v}"
-                raise PipelineError(f"missing {crossmodal(family, str(v))}: run its adapt stage first (`dvc repro {stage}`), or "
+                raise PipelineError(f"missing {saved}: run its adapt stage first (`dvc repro {stage}`), or "
                                     f"remove `{v}` from `attention.variants`")
         task = P.choice(get("task"), "attention.task", TASK_NAMES)
         if get_task(task).kind == "multiple_choice":

@@ -30,7 +30,7 @@ import pandas as pd
 
 from xdbert import params as P
 from xdbert.data.provided import read_coco_captions
-from xdbert.data.tasks.registry import get_task, read_split
+from xdbert.data.tasks.registry import get_task, read_split, task_names
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import run_name
 from xdbert.model.settings import ablation_family
@@ -84,7 +84,8 @@ class GroundingSettings:
         sec = P.section(params, "grounding")
         get = P.getter(sec, "grounding")
 
-        tasks = P.subset(get("tasks"), "grounding.tasks", tuple(TASK_TITLES))
+        # the tasks the study finetunes (a task outside `tasks.names` has no predictions to compare)
+        tasks = P.subset(get("tasks"), "grounding.tasks", [t for t in task_names(params) if t in TASK_TITLES])
         threshold = P.positive(get("threshold"), "grounding.threshold")
         examples_per_class = P.positive(get("examples_per_class"), "grounding.examples_per_class")
         examples_task = P.choice(get("examples_task"), "grounding.examples_task", tasks)
@@ -104,11 +105,13 @@ class GroundingSettings:
         # the runs of `adapt.family` (as Table 3's ablations): results/finetune/<task>/<family>/<model>
         family = ablation_family(params).name
         baseline, model = (run_name("encoder", P.nonempty_str(get(key), f"grounding.{key}"), family) for key in ("baseline", "model"))
-        for run in (baseline, model) if files else ():
+        for key, run in (("baseline", baseline), ("model", model)) if files else ():
             for task in tasks:
                 if not predictions_path(run, task).is_file():
-                    raise PipelineError(f"missing {predictions_path(run, task)}: run the finetune stage of model `{run}` on "
-                                        f"task `{task}` first (`dvc repro` runs it)")
+                    written = sorted(p.parent.name for p in (FINETUNE / task / family).glob("*/predictions.parquet"))
+                    raise PipelineError(f"missing {predictions_path(run, task)}: `grounding.{key}` names a run the finetune "
+                                        f"stage did not write for `{task}`; runs of {family} there: "
+                                        f"{', '.join(written) or 'none yet (`dvc repro finetune`)'}")
         stopwords = sec.get("stopwords")
         if stopwords is not None and not isinstance(stopwords, str):
             raise PipelineError(f'`grounding.stopwords` must be a stopword file, or "" for the shipped NLTK English list; got {stopwords!r}')
