@@ -92,6 +92,10 @@ def test_unknown_profile_is_refused(tmp_path):
     (tmp_path / "params.yaml").write_text("profile: laptop\n")
     with pytest.raises(PipelineError, match="unknown profile 'laptop'; allowed: embedded, paper"):
         params.load(tmp_path / "params.yaml")
+    for text in ("", "corpus: {}\n"):  # empty, or written by hand without one
+        (tmp_path / "params.yaml").write_text(text)
+        with pytest.raises(PipelineError, match="params.yaml has no `profile` key; allowed: embedded, paper"):
+            params.load(tmp_path / "params.yaml")
 
 
 def keys(d, prefix=""):

@@ -84,6 +84,9 @@ def load(path: str | Path = "params.yaml") -> dict:
         raise PipelineError(f"{path} is not valid YAML: {e}") from e
     if not isinstance(params, dict):
         raise PipelineError(f"{path} must be a mapping of sections (profile, corpus, tasks, ...); got {type(params).__name__}")
+    if "profile" not in params:  # an empty file, or one written by hand
+        raise PipelineError(f"{path} has no `profile` key; allowed: {', '.join(PROFILES)} (`xdbert profile embedded` "
+                            "writes a whole params file)")
     choice(params.get("profile"), "profile", PROFILES)
     check_keys(params)
     return params
