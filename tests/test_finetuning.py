@@ -754,6 +754,25 @@ def test_a_bad_machine_setting_fails_before_any_work(workdir, monkeypatch, capsy
         assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
         assert "finetune sst2" not in log and kept.read_text() == "yesterday's"
 
+
+def test_a_ray_address_is_checked_for_ipv4_and_ipv6_heads(monkeypatch):
+    """A head that answers passes, written as HOST:PORT, ray://HOST:PORT or, for IPv6, [HOST]:PORT."""
+    import socket
+
+    for family, host, written in ((socket.AF_INET, "127.0.0.1", "127.0.0.1"), (socket.AF_INET6, "::1", "[::1]")):
+        with socket.socket(family) as head:
+            head.bind((host, 0))
+            head.listen()
+            port = head.getsockname()[1]
+            for address in (f"{written}:{port}", f"ray://{written}:{port}"):
+                monkeypatch.setenv("RAY_ADDRESS", address)
+                engine.check_address()
+        monkeypatch.setenv("RAY_ADDRESS", f"{written}:{port}")  # the head has stopped
+        with pytest.raises(PipelineError) as refused:
+            engine.check_address()
+        assert f"nothing answers at {written}:{port}" in str(refused.value)
+
+
 TWO_FAMILIES = {"bert": {"label": "BERT-b", "size": "base", "layer_lr_decay": 1.0},
                 "electra": {"label": "ELECTRA-l", "encoder": "random:electra", "size": "large", "layer_lr_decay": 0.9}}
 

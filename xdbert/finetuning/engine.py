@@ -128,8 +128,9 @@ def check_address() -> None:
     if not host or not port.isdigit():
         raise PipelineError(f"RAY_ADDRESS={address!r} is not a Ray address; allowed: HOST:PORT (a cluster's head, "
                             "port 6379 by default), ray://HOST:PORT (Ray Client), auto, or unset for a local instance")
+    ip = host.removeprefix("[").removesuffix("]")  # an IPv6 head is written [::1]:6379; sockets take ::1
     try:
-        socket.create_connection((host, int(port)), timeout=ANSWER_TIMEOUT_S).close()
+        socket.create_connection((ip, int(port)), timeout=ANSWER_TIMEOUT_S).close()
     except OSError as e:
         raise PipelineError(f"RAY_ADDRESS={address!r}: nothing answers at {host}:{port} ({e}); start the cluster's "
                             "head there (`ray start --head`) or unset RAY_ADDRESS to run on a local instance") from None
