@@ -54,6 +54,7 @@ def main() -> None:
             if cfg.placeholder:
                 raise PipelineError(f"variant `{variant}` replaces CLIP by a placeholder: it has no CLIP tokens to attend to")
             shards.check_matches(valid.manifest, TOKENIZER, cfg.clip)
+            fd.check_positions("attention.max_len", s.max_len, model.encoder.config, crossmodal(s.family, variant))
 
             # --- the example's maps (Table 9)
             to_blocks, eot = fd.clip_block_encoder(cfg.clip)

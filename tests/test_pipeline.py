@@ -117,6 +117,19 @@ def test_the_whole_graph_runs_then_skips(repo):
     again = sh("dvc", "repro", cwd=repo)
     assert ran(again) == set(), again
 
+    # A param the stage alone can check against the adapted model (its encoder's positions): one line, exit 2,
+    # and the maps already written stay
+    kept, params = (repo / "reports/attention.md").read_bytes(), (repo / "params.yaml").read_text()
+    p = yaml.safe_load(params)
+    p["attention"]["max_len"] = 1000
+    (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    r = subprocess.run([sys.executable, "stages/attention.py"], cwd=repo, capture_output=True, text=True, env=faults.env_for(repo))
+    (repo / "params.yaml").write_text(params)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: `attention.max_len: 1000` is longer than the 64 positions of models/crossmodal/bert/xdbert's encoder; "
+        "allowed: at most 64"], r.stderr
+    assert (repo / "reports/attention.md").read_bytes() == kept
+
     # One ablation variant changes: its adaptation reruns, and of the finetuning only its runs train; DVC
     # reruns the grid stage, which reads every other run back from checkpoints/runs.
     p = yaml.safe_load((repo / "params.yaml").read_text())

@@ -140,6 +140,15 @@ def labels_of(spec: TaskSpec, table: pa.Table) -> np.ndarray:
 # Tokenizing
 # ----------------------------------------------------------------------------------------------------
 
+def check_positions(key: str, max_len: int, encoder_config, model: str | Path) -> None:
+    """`max_len` tokens fit the encoder's position table; a longer example would fail inside the model, in
+    the middle of a run. `key` is the param that set `max_len`."""
+    positions = getattr(encoder_config, "max_position_embeddings", max_len)
+    if max_len > positions:
+        raise PipelineError(f"`{key}: {max_len}` is longer than the {positions} positions of {model}'s encoder; "
+                            f"allowed: at most {positions}")
+
+
 def encode_bert(tokenizer, spec: TaskSpec, table: pa.Table, max_len: int) -> Encoded:
     """Tokenize a split with a fast transformers tokenizer in one batched call (pairs truncated longest-first)."""
     first, second, k = sentences(spec, table)

@@ -76,10 +76,7 @@ def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: Fin
         if not tokenizer.is_fast:
             raise PipelineError(f"the tokenizer in {tok_dir} is not a fast (Rust) tokenizer; save one with tokenizer.json")
         encoder_dir = model_path if model_kind == "encoder" else model_path / "encoder"
-        positions = getattr(AutoConfig.from_pretrained(encoder_dir), "max_position_embeddings", settings.max_len)
-        if settings.max_len > positions:  # a longer example would fail inside the model, minutes into the grid
-            raise PipelineError(f"`finetune.max_len: {settings.max_len}` is longer than the {positions} positions of "
-                                f"{encoder_dir}'s encoder; allowed: at most {positions}")
+        fd.check_positions("finetune.max_len", settings.max_len, AutoConfig.from_pretrained(encoder_dir), encoder_dir)
         data = {split: fd.encode_bert(tokenizer, spec, t, settings.max_len) for split, t in tables.items()}
 
     eot_id = 49407
