@@ -1,10 +1,19 @@
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-import xdbert  # noqa: F401  first: it fixes the CPU kernels and thread counts before anything imports torch
+# Two workers share the 2 cores (pyproject's `-n 2`), and each process runs torch's OpenMP with 2 threads:
+# by default an idle OpenMP thread spins for its next task, and spinning threads took the CPU from the
+# other worker's (a third more CPU time in all). Passive threads sleep instead; results do not change,
+# the thread counts and the work split are the same. Set before torch loads OpenMP, for every process the
+# tests start too.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+assert "torch" not in sys.modules, "conftest must set OpenMP's environment before anything imports torch"
+
+import xdbert  # noqa: E402,F401  first: it fixes the CPU kernels and thread counts before anything imports torch
 
 # Tests never touch the network: any hub request must fail at once, not after retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
