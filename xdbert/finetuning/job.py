@@ -76,20 +76,20 @@ def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: Fin
         if not tokenizer.is_fast:
             raise PipelineError(f"the tokenizer in {tok_dir} is not a fast (Rust) tokenizer; save one with tokenizer.json")
         encoder_dir = model_path if model_kind == "encoder" else model_path / "encoder"
-        fd.check_positions("finetune.max_len", settings.max_len, AutoConfig.from_pretrained(encoder_dir), encoder_dir)
+        encoder_config = AutoConfig.from_pretrained(encoder_dir)
+        width = encoder_config.hidden_size
+        fd.check_positions("finetune.max_len", settings.max_len, encoder_config, encoder_dir)
         data = {split: fd.encode_bert(tokenizer, spec, t, settings.max_len) for split, t in tables.items()}
 
     eot_id = 49407
     # Model code is imported here, once: workers forked later inherit it instead of each paying seconds.
     if model_kind == "encoder":
-        width = AutoConfig.from_pretrained(model_path).hidden_size
         encoder_head_class(model_path, spec)
     else:
         from xdbert.model import saving  # open_clip and the cross-modal model
 
         if model_kind == "full":
             clip_name = io.read_json(model_path / "xdbert_config.json")["clip"]
-            width = AutoConfig.from_pretrained(model_path / "encoder").hidden_size
         else:
             import open_clip
 
