@@ -37,9 +37,12 @@ SIZES = ("tiny", "paper")
 # What --sizes tiny changes in an encoder's config: its shape only (ids, vocabulary, positions stay real).
 TINY = {"hidden_size": 64, "embedding_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 256}
-# Rows per split of each dataset slice, documents of the corpus, captions: enough for every stage to run.
-ROWS = {"train": 24, "dev": 8}
-DOCS = {"train": 16, "valid": 4, "test": 1}
+# Rows per split of each dataset slice, documents of the corpus (one window each), captions:
+# enough for every stage to run and every adaptation and finetuning run to take at least two optimizer
+# steps. At the paper's sizes on 2 cores the rehearsal's time grows with them: adapting and finetuning
+# ELECTRA-l is most of it (docs/notebook/embedded-profile.md).
+ROWS = {"train": 16, "dev": 8}
+DOCS = {"train": 8, "valid": 4, "test": 1}
 SENTENCES_PER_DOC = 8
 CAPTIONS = 2000
 

@@ -28,7 +28,7 @@ from xdbert.mirror import build_mirror, check_sizes, write_inputs
 # reads it to change how much is computed, not what a step computes.
 OVERRIDES: dict[str, Any] = {
     "tokenize.workers": 2,              # processes; any number writes the same shards
-    "adapt.batch_size": 4,              # windows per optimizer step (the mirror's corpus makes 16)
+    "adapt.batch_size": 4,              # windows per optimizer step (the mirror's corpus makes 8)
     "adapt.micro_batch_size": 2,        # windows per forward pass
     "adapt.eval_windows": 8,            # held-out windows scored after adaptation
     "adapt.variants.twenty_epochs.epochs": 2,  # Table 3's 20-epoch row: 2 epochs, still more than the others' 1
