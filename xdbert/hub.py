@@ -81,7 +81,16 @@ def pinned(repo_id: str, repo_type: str = "model", lock: Path = LOCK) -> str | N
     """The commit `lock` pins hub repository `repo_id` at, or None where it pins nothing."""
     if not lock.is_file():
         return None
-    for entry in json.loads(lock.read_text(encoding="utf-8"))["assets"]:
+    try:
+        written = json.loads(lock.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        written = None
+    assets = written.get("assets") if isinstance(written, dict) else None
+    keys = {"repo_id", "repo_type", "revision"}
+    if not isinstance(assets, list) or not all(isinstance(e, dict) and keys <= set(e) for e in assets):
+        raise PipelineError(f"{lock} is not a hub lock (an `assets` list of {', '.join(sorted(keys))} entries): "
+                            f"restore it with `git checkout {lock}`, or write it again with `xdbert fetch`")
+    for entry in assets:
         if entry["repo_id"] == repo_id and entry["repo_type"] == repo_type:
             return entry["revision"]
     return None
