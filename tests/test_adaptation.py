@@ -428,6 +428,11 @@ def test_variant_settings_apply_overrides_and_name_the_key_a_value_came_from():
             AdaptSettings.from_params(q, "xdbert")
     q["adapt"]["match_prob"] = 0  # without MATCH among its losses, a variant ignores it
     assert AdaptSettings.from_params(q, "mlm").losses == ["mlm"]
+    q = values("embedded")
+    q["adapt"]["micro_batch_size"] = 1  # a forward pass of one window has no other window to be MATCH's negative
+    with pytest.raises(PipelineError, match=r"`adapt.micro_batch_size` must be at least 2 while `adapt.losses` has match"):
+        AdaptSettings.from_params(q, "xdbert")
+    assert AdaptSettings.from_params(q, "mlm").micro_batch_size == 1
     p["adapt"]["variants"]["mlm"] = {"nope": 1}
     with pytest.raises(PipelineError, match=r"adapt.variants.mlm overrides unknown keys \['nope'\]"):
         AdaptSettings.from_params(p, "mlm")

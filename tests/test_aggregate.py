@@ -224,6 +224,15 @@ def test_labels_that_make_the_same_row_twice_are_refused():
         AggregateSettings.from_params(p)
 
 
+def test_a_study_without_the_baseline_is_refused_before_any_table():
+    """The finetune stage runs without it; every Δ row of the tables is against it, so aggregate says so first."""
+    p = two_families()
+    p["finetune"]["models"] = ["xdbert"]
+    with pytest.raises(PipelineError, match=r"^`finetune.models` must list baseline: every Δ row of Tables 1, 3 and 8 is "
+                                            r"against its family's baseline; got \['xdbert'\]$"):
+        AggregateSettings.from_params(p)
+
+
 def test_a_delta_has_its_cells_digits():
     """READ's RMSE is printed with 3 digits in its cells, and so is its Δ: at 2 an interval that excludes 0
     could print as ending at -0.00."""

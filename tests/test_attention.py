@@ -206,8 +206,11 @@ def test_settings_from_the_embedded_profile(variants_present):
     ({"variants": ["xdbert", "xdbert"]}, "without repeats"),
     ({"variants": ["xdbert", "one_cross"]},
      "missing models/crossmodal/bert/one_cross/xdbert_config.json: run its adapt stage first (`dvc repro ablate@one_cross`)"),
-    ({"variants": ["baseline"]}, "`attention.variants` names 'baseline', which is not an adapt variant (baseline has no "
-                                 "cross-modal model); allowed: xdbert, mlm_match, mlm, one_cross, two_epochs, placeholder"),
+    ({"variants": ["baseline"]}, "`attention.variants` names 'baseline', which is not an adapt variant with CLIP text "
+                                 "(baseline has no cross-modal model, a placeholder no CLIP); allowed: xdbert, mlm_match, "
+                                 "mlm, one_cross, two_epochs"),
+    ({"variants": ["xdbert", "placeholder"]}, "`attention.variants` names 'placeholder', which is not an adapt variant "
+                                              "with CLIP text"),
     ({"task": "swag"}, "`attention.task` must be a sentence or sentence-pair task, not multiple choice"),
     ({"task": "wnli"}, "unknown attention.task 'wnli'; allowed: rte, mrpc"),
     ({"task": ["rte"]}, "unknown attention.task ['rte']"),

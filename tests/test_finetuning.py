@@ -781,7 +781,8 @@ def test_runs_of_a_task_follow_the_tables():
     """Every family's Table 1 and Table 8 models; Table 3's ablations of `adapt.family` alone; CLIP-T once."""
     f = {"models": ["baseline", "xdbert"], "ablations": ["mlm"], "ablation_tasks": ["rte"], "full_models": ["xdbert"],
          "clip_tasks": ["rte"], "ablation_lr": None, "ablation_seeds": None}
-    study = Study.from_params({"finetune": f, "families": TWO_FAMILIES, "adapt": {"family": "bert"}})
+    adapt = {"family": "bert", "variants": {"mlm": {"losses": ["mlm"]}}}
+    study = Study.from_params({"finetune": f, "families": TWO_FAMILIES, "adapt": adapt})
     T1 = "table1"
     assert study.runs("rte") == [
         ("encoder", "baseline", "bert/baseline", T1, "bert"), ("encoder", "xdbert", "bert/xdbert", T1, "bert"),
@@ -796,9 +797,12 @@ def test_runs_of_a_task_follow_the_tables():
         "models/pretrain_clip"]
     assert study.table3_runs() == {"baseline": "bert/baseline", "xdbert": "bert/xdbert", "mlm": "bert/mlm"}  # Table 1's runs
     with pytest.raises(PipelineError, match=r"`finetune.models` names 'mlm'; every family adapts only baseline, xdbert"):
-        Study.from_params({"finetune": {**f, "models": ["baseline", "mlm"]}, "families": TWO_FAMILIES, "adapt": {"family": "bert"}})
+        Study.from_params({"finetune": {**f, "models": ["baseline", "mlm"]}, "families": TWO_FAMILIES, "adapt": adapt})
+    with pytest.raises(PipelineError, match=r"`finetune.ablations` names 'mlm_mach', which is not an adapt variant or "
+                                            r"baseline; allowed: baseline, xdbert, mlm$"):  # before any model folder is looked for
+        Study.from_params({"finetune": {**f, "ablations": ["mlm_mach"]}, "families": TWO_FAMILIES, "adapt": adapt})
     with pytest.raises(PipelineError, match=r"`adapt.family` names 'roberta', which is not a family; allowed: bert, electra"):
-        Study.from_params({"finetune": f, "families": TWO_FAMILIES, "adapt": {"family": "roberta"}})
+        Study.from_params({"finetune": f, "families": TWO_FAMILIES, "adapt": {**adapt, "family": "roberta"}})
 
 
 def test_a_family_gives_its_size_class_and_layer_decay(bert_dir):

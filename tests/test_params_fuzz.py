@@ -120,6 +120,17 @@ ADAPT_VARIANTS = lambda p: list(p["adapt"]["variants"])  # noqa: E731
 FAMILIES = lambda p: list(p["families"])  # noqa: E731
 
 
+def adapt_values(p: dict, name: str) -> dict:
+    """The `adapt` keys of adaptation `name` (the proposed one, the baseline or a variant), overrides applied."""
+    a = p["adapt"]
+    return {**a, **((a["baseline"] if name == "baseline" else a["variants"].get(name)) or {})}
+
+
+def with_clip(p: dict) -> list[str]:
+    """The adaptations whose cross-modal model sees CLIP text: the ones `attention.variants` may name."""
+    return [name for name in ["xdbert", *p["adapt"]["variants"]] if not adapt_values(p, name)["placeholder"]]
+
+
 def pick(options: list, fallback: Any) -> st.SearchStrategy:
     return st.sampled_from(options) if options else st.just(fallback)
 
@@ -264,9 +275,9 @@ SCHEMA: dict[str, Spec] = {
                                     lambda p, path: st.sampled_from([t for t in TASK_NAMES if t not in p["grounding"]["tasks"]])),
     "grounding.examples_per_class": pos_int(100),
 
-    "attention.variants": names(lambda p: ["xdbert", *ADAPT_VARIANTS(p)], min_size=1,
+    "attention.variants": names(with_clip, min_size=1,
                                 bad=st.one_of(st.just([]), st.just(["xdbert", "xdbert"]), st.just(["baseline"]),
-                                              st.lists(UNKNOWN, min_size=1, max_size=1))),
+                                              st.just(["placeholder"]), st.lists(UNKNOWN, min_size=1, max_size=1))),
     "attention.task": spec(lambda p, path: pick([t for t in p["tasks"]["names"] if t != "swag"], "rte"), wrong("text"),
                            lambda p, path: st.sampled_from(["swag", "wnli", *[t for t in TASK_NAMES if t not in p["tasks"]["names"]]])),
     "attention.index": non_negative(),
@@ -275,7 +286,8 @@ SCHEMA: dict[str, Spec] = {
     **{f"finetune.lr.*.{size}": pos_float(1.0) for size in ("base", "large", "full")},
     "finetune.models": names(lambda p: ["baseline", "xdbert"], required=lambda p: ["baseline", "xdbert"],
                              bad=st.one_of(st.lists(UNKNOWN, min_size=1, max_size=2),
-                                           st.just(["baseline", "mlm"]))),  # an ablation: adapt.family's alone
+                                           st.just(["baseline", "mlm"]),  # an ablation: adapt.family's alone
+                                           st.just(["xdbert"]))),  # every Δ row is against the baseline
     "finetune.ablations": names(lambda p: [*ADAPT_VARIANTS(p), "baseline", "xdbert"],  # those two unless Table 1 runs them
                                 bad=st.one_of(st.lists(UNKNOWN, min_size=1, max_size=2), st.just(["mlm", "xdbert"]))),
     "finetune.full_models": names(lambda p: ["xdbert"], required=lambda p: ["xdbert"], bad=st.just(["baseline"])),
@@ -318,9 +330,10 @@ def schema_key(path: tuple) -> str:
 
 def rules_kept(p: dict) -> bool:
     a, m, t, f, g = p["adapt"], p["model"], p["tasks"], p["finetune"], p["grounding"]
-    for name in [*a["variants"], "baseline"]:
-        s = {**a, **((a["baseline"] if name == "baseline" else a["variants"][name]) or {})}
-        if s["micro_batch_size"] > s["batch_size"] or (s["placeholder"] and set(s["losses"]) & {"match", "cliptc"}):
+    for name in [*a["variants"], "baseline", "xdbert"]:
+        s = adapt_values(p, name)
+        if s["micro_batch_size"] > s["batch_size"] or (s["placeholder"] and set(s["losses"]) & {"match", "cliptc"}) \
+                or ("match" in s["losses"] and s["micro_batch_size"] < 2):
             return False
         if s["cross_layers"] == 0 and (s["losses"] != ["mlm"] or s["placeholder"]):
             return False
@@ -334,7 +347,7 @@ def rules_kept(p: dict) -> bool:
     variants = list(a["variants"])
     return (set(f["models"]) <= {"baseline", "xdbert"} and set(f["full_models"]) <= {"xdbert"}
             and set(f["ablations"]) <= {*variants, "baseline", "xdbert"} and not set(f["ablations"]) & set(f["models"])
-            and set(p["attention"]["variants"]) <= {*variants, "xdbert"} and p["attention"]["task"] in t["names"]
+            and set(p["attention"]["variants"]) <= set(with_clip(p)) and p["attention"]["task"] in t["names"]
             and set(g["tasks"]) <= set(t["names"]) and g["examples_task"] in g["tasks"]
             and {g["baseline"], g["model"]} <= set(runs_of_every_grounding_task(p)))
 

@@ -63,8 +63,6 @@ def check(p: dict) -> None:
     grounding = GroundingSettings.from_params(p, files=False)
     attention = AttentionSettings.from_params(p, files=False)
 
-    adapted = [P.PROPOSED, P.BASELINE, *variants]  # what `adapt.family` adapts
-    _named("finetune.ablations", study.ablations, adapted, "an adapt variant or baseline")
     _named("attention.task", [attention.task], tasks.names, "in tasks.names (its dev split is read)")
     for task in grounding.tasks:
         runs = [run.name for run in study.runs(task)]

@@ -131,6 +131,9 @@ class AdaptSettings:
         if s["micro_batch_size"] > s["batch_size"]:
             raise PipelineError(f"`{key_of('micro_batch_size')}` ({s['micro_batch_size']}) must be at most `{key_of('batch_size')}` "
                                 f"({s['batch_size']}): a forward pass holds a share of one optimizer step's windows")
+        if "match" in s["losses"] and s["micro_batch_size"] < 2:
+            raise PipelineError(f"`{key_of('micro_batch_size')}` must be at least 2 while `{key_of('losses')}` has match: a "
+                                f"window's MATCH negative is the CLIP text of another window of its forward pass")
         P.positive(s["lr"], key_of("lr"), float)
         for key in ("placeholder", "freeze_clip", "mlm_negatives"):
             P.flag(s[key], key_of(key))

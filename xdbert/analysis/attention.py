@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from xdbert import params as P
+from xdbert.adaptation.settings import AdaptSettings
 from xdbert.data.tasks.registry import TASK_NAMES, get_task
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ablation_family
@@ -72,11 +73,12 @@ class AttentionSettings:
                 or len(set(variants)) != len(variants):
             raise PipelineError(f"`attention.variants` must be a non-empty list of adapt variants without repeats; got {variants!r}")
         family = ablation_family(params).name  # the variants are Table 3's, adapted on `adapt.family`
-        adapted = [P.PROPOSED, *P.variant_names(params)]
+        # the adaptations with CLIP text to attend to: baseline has no cross-modal model, a placeholder no CLIP
+        adapted = [v for v in (P.PROPOSED, *P.variant_names(params)) if not AdaptSettings.from_params(params, v).placeholder]
         for v in variants:
             if v not in adapted:
-                raise PipelineError(f"`attention.variants` names {v!r}, which is not an adapt variant (baseline has no "
-                                    f"cross-modal model); allowed: {', '.join(adapted)}")
+                raise PipelineError(f"`attention.variants` names {v!r}, which is not an adapt variant with CLIP text "
+                                    f"(baseline has no cross-modal model, a placeholder no CLIP); allowed: {', '.join(adapted)}")
             saved = crossmodal(family, v) / "xdbert_config.json"
             if files and not saved.is_file():
                 stage = f"adapt@{family}" if v == P.PROPOSED else f"ablate@{v}"

@@ -36,15 +36,17 @@ class AggregateSettings:
     def from_params(cls, p: dict) -> AggregateSettings:
         agg, f = params.section(p, "aggregate"), params.section(p, "finetune")
         n_boot = params.positive(params.get(agg, "n_boot", "aggregate"), "aggregate.n_boot")
-        seed = params.get(agg, "seed", "aggregate")
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise PipelineError(f"`aggregate.seed` must be a non-negative integer; got {seed!r}")
+        seed = params.non_negative(params.get(agg, "seed", "aggregate"), "aggregate.seed")
+        study = Study.from_params(p)
+        if params.BASELINE not in study.models:  # the finetune stage alone runs without it; the tables cannot
+            raise PipelineError(f"`finetune.models` must list {params.BASELINE}: every Δ row of Tables 1, 3 and 8 is "
+                                f"against its family's {params.BASELINE}; got {study.models}")
         names = task_names(p)
         model, pretrain = ModelSettings.from_params(p), params.section(p, "pretrain")
         fams = families(p)
         check_row_labels(fams)
         return cls(profile=p["profile"], n_boot=n_boot, seed=seed, tasks=[get_task(t) for t in names],
-                   study=Study.from_params(p), seeds=seed_list(f, "seeds", "finetune"),
+                   study=study, seeds=seed_list(f, "seeds", "finetune"),
                    rte_seeds=seed_list(f, "rte_seeds", "finetune"), families=fams,
                    encoders={name: ModelSettings.from_params(p, name).encoder for name in fams},
                    clip=model.clip, clip_pretrained=model.clip_pretrained,
