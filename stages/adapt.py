@@ -72,7 +72,7 @@ def main() -> None:
                           splits=(train, valid))
     make_batch = BatchMaker(settings, manifest["n_blocks"], vocab_size=len(tok), special_ids=tok.all_special_ids,
                             mask_id=tok.mask_token_id, eot_id=eot)
-    checkpoint = paths.CHECKPOINTS / "adapt" / family / f"{variant}.pt"
+    checkpoint = paths.adapt_checkpoint(family, variant)
     # The plots (a DVC output) are written aside and renamed when training ends: a run that fails
     # (a damaged checkpoint, a full disk) leaves the last complete plots, and a resumed run replays its
     # earlier steps into them (xdbert.adaptation.loop).
@@ -85,6 +85,7 @@ def main() -> None:
             live = outputs.enter_context(Live(dir=str(plots), save_dvc_exp=False, dvcyaml=None))
 
         def log(metrics: dict, step: int) -> None:
+            live.step = step  # the loop's own count, also when a resumed run replays the steps it took before
             for k, v in metrics.items():
                 live.log_metric(k, v, plot=True)
             live.next_step()

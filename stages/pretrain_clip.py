@@ -30,7 +30,7 @@ def main() -> None:
     from xdbert.model.clip_tower import CLIPTextTower
     from xdbert.model.saving import save_clip_tower
 
-    checkpoint = paths.CHECKPOINTS / "pretrain_clip.pt"
+    checkpoint = paths.PRETRAIN_CLIP_CHECKPOINT
     torch.manual_seed(model.seed)  # a random tower's initial weights
     tower = CLIPTextTower.build(model.clip, model.clip_pretrained)
     metrics = {"profile": p["profile"], "clip": model.clip, "clip_pretrained": model.clip_pretrained, "steps": 0}

@@ -46,7 +46,7 @@ def main() -> None:
         print(f"pretrain_encoder@{family}: {model.encoder} is used as downloaded")
         return
 
-    checkpoint = paths.CHECKPOINTS / "pretrain_encoder" / f"{family}.pt"
+    checkpoint = paths.pretrain_encoder_checkpoint(family)
     check_tokenizer_folder(paths.TOKENIZER)
     tokenizer = AutoTokenizer.from_pretrained(str(paths.TOKENIZER))
     sentences = pretraining.corpus_sentences(paths.CORPUS)

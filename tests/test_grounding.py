@@ -9,6 +9,7 @@ from conftest import load_stage
 from xdbert.analysis import figure4
 from xdbert.analysis import grounding as G
 from xdbert.errors import PipelineError
+from xdbert import paths
 from xdbert.profiles import values
 
 STOP = frozenset({"the", "s", "over", "a"})
@@ -236,8 +237,8 @@ def predictions_present(tmp_path, monkeypatch):
     g = values("embedded")["grounding"]
     for run in (f"bert/{g['baseline']}", f"bert/{g['model']}"):  # the runs of `adapt.family`
         for task in g["tasks"]:
-            G.predictions_path(run, task).parent.mkdir(parents=True)
-            G.predictions_path(run, task).touch()
+            paths.predictions(task, run).parent.mkdir(parents=True)
+            paths.predictions(task, run).touch()
 
 
 def test_settings_from_the_embedded_profile(predictions_present):

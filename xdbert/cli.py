@@ -112,7 +112,9 @@ def rehearse(out: Path = typer.Option(..., "--out", help="a new folder: the clon
         typer.echo("error: " + " ".join(str(e).split()), err=True)
         raise typer.Exit(2)
     if repro:
-        typer.echo(f"reports in {out / 'reports'}:")
+        # their header says `paper` with the paper's rows beside them: say here what they are worth
+        typer.echo(f"reports in {out / 'reports'} (random weights on a few examples: they show that the paper "
+                   f"profile's code path runs, not the paper's numbers):")
         for path in reports:
             typer.echo(f"  {path}")
 

@@ -29,6 +29,7 @@ ADAPT_METRICS = Path("metrics/adapt")     # /<family>/<variant>.json
 ADAPT_PLOTS = Path("dvclive/adapt")       # /<family>/<variant>
 # stage `finetune`
 FINETUNE = Path("results/finetune")       # /<task>/<family>/<run>, /<task>/clip_t
+PREDICTIONS = "predictions.parquet"       # a run's dev predictions, beside its metrics.json
 # stage `aggregate`
 REPORTS = Path("reports")
 AGGREGATE_JSON = Path("results/aggregate.json")
@@ -44,11 +45,12 @@ FIGURE4 = Path("reports/figure4.png")     # beside report("figure4")
 ATTENTION = Path("reports/attention")
 ATTENTION_METRICS = Path("results/attention.json")
 
-# Resumable training state, outside every stage's outputs.
 # What a copy of the pipeline needs besides params.yaml (the end-to-end test and the fault campaign make one)
 PIPELINE_FILES = ("dvc.yaml", "hub.lock.json", "inputs", "stages", "xdbert")
 
+# Resumable training state, outside every stage's outputs.
 CHECKPOINTS = Path("checkpoints")
+PRETRAIN_CLIP_CHECKPOINT = CHECKPOINTS / "pretrain_clip.pt"
 RUN_CACHE = CHECKPOINTS / "runs"          # /<key>.pt: finished finetuning runs, by what decided them
 # Wall-clock times and the machine of each run (xdbert.runlog), outside every stage's outputs.
 RUN_LOG = Path("logs")
@@ -56,6 +58,19 @@ RUN_LOG = Path("logs")
 
 def pretrain_encoder(family: str) -> Path:
     return PRETRAIN_ENCODER / family
+
+
+def pretrain_encoder_checkpoint(family: str) -> Path:
+    return CHECKPOINTS / "pretrain_encoder" / f"{family}.pt"
+
+
+def adapt_checkpoint(family: str, variant: str) -> Path:
+    return CHECKPOINTS / "adapt" / family / f"{variant}.pt"
+
+
+def predictions(task: str, run: str, root: Path = FINETUNE) -> Path:
+    """The dev predictions of run `run` on `task` (`root`: the finetune stage's results folder)."""
+    return Path(root) / task / run / PREDICTIONS
 
 
 def adapted(family: str, variant: str) -> Path:

@@ -34,7 +34,7 @@ from xdbert.data.tasks.registry import get_task, read_split, task_names
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import run_name
 from xdbert.model.settings import ablation_family
-from xdbert.paths import FINETUNE, TASKS
+from xdbert.paths import FINETUNE, PREDICTIONS, TASKS, predictions
 from xdbert.reports.aggregate import RERUN, read_predictions
 
 GROUNDED, NOT_GROUNDED, STOPWORD, PUNCTUATION = "grounded", "not_grounded", "stopword", "punctuation"
@@ -49,11 +49,6 @@ Tokenize = Callable[[list[str]], list[list[str]]]   # texts -> word pieces of ea
 # ----------------------------------------------------------------------------------------------------
 # The `grounding` params
 # ----------------------------------------------------------------------------------------------------
-
-def predictions_path(model: str, task: str) -> Path:
-    """The dev predictions the finetune stage of run `model` wrote for `task`."""
-    return FINETUNE / task / model / "predictions.parquet"
-
 
 @dataclass(frozen=True)
 class GroundingSettings:
@@ -107,9 +102,9 @@ class GroundingSettings:
         baseline, model = (run_name("encoder", P.nonempty_str(get(key), f"grounding.{key}"), family) for key in ("baseline", "model"))
         for key, run in (("baseline", baseline), ("model", model)) if files else ():
             for task in tasks:
-                if not predictions_path(run, task).is_file():
-                    written = sorted(p.parent.name for p in (FINETUNE / task / family).glob("*/predictions.parquet"))
-                    raise PipelineError(f"missing {predictions_path(run, task)}: `grounding.{key}` names a run the finetune "
+                if not predictions(task, run).is_file():
+                    written = sorted(p.parent.name for p in (FINETUNE / task / family).glob(f"*/{PREDICTIONS}"))
+                    raise PipelineError(f"missing {predictions(task, run)}: `grounding.{key}` names a run the finetune "
                                         f"stage did not write for `{task}`; runs of {family} there: "
                                         f"{', '.join(written) or 'none yet (`dvc repro finetune`)'}")
         stopwords = sec.get("stopwords")
@@ -369,7 +364,7 @@ def compare_task(task: str, names: tuple[str, str], rule: Grounding, examples_pe
     extreme examples of each class as (row, marked text_a, marked text_b, seeds); else {}).
     """
     split = get_task(task).dev_splits[0]
-    base, prop = (read_predictions(predictions_path(m, task)) for m in names)
+    base, prop = (read_predictions(predictions(task, m)) for m in names)
     cmp = compare_models(base[base["split"] == split], prop[prop["split"] == split], names)
     n_seeds = cmp.attrs["n_seeds"]
     dev = read_split(TASKS, task, split).to_pandas().set_index("idx")

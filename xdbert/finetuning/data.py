@@ -80,7 +80,8 @@ class Encoded:
     def lengths(self) -> np.ndarray:
         """(N,) the longest sequence of each example (what a batch is padded to)."""
         if not self.inputs:
-            # CLIP-only input: the number of used block positions stands in for the length
+            # CLIP-only input: the non-zero block positions stand in for the length. Id 0 is also a real token
+            # ("!", see clip_block_mask), so such a text counts a little short: it only moves between length groups
             assert self.clip_ids is not None
             return (self.clip_ids != 0).reshape(len(self), -1).sum(axis=1)
         lengths = next(iter(self.inputs.values())).lengths

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xdbert import io
+from xdbert import io, paths
 from xdbert.errors import PipelineError
 from xdbert.finetuning.job import Job
 
@@ -73,5 +73,5 @@ def write_results(out_dir: str | Path, job: Job, runs: list[dict], info: dict[st
     with io.atomic_path(out_dir, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
         io.write_json(tmp / "metrics.json", metrics)
-        io.write_parquet(table, tmp / "predictions.parquet")
+        io.write_parquet(table, tmp / paths.PREDICTIONS)
     return metrics

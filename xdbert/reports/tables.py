@@ -17,7 +17,7 @@ from typing import Callable
 
 import pandas as pd
 
-from xdbert import io
+from xdbert import io, paths
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.finetuning.runs import CLIP_MODEL, Study, run_name
 from xdbert.model.settings import Family
@@ -145,7 +145,7 @@ def adaptation_table(metrics: dict[str, dict], family: str) -> str:
         lines.append(f"| {name} | " + " | ".join(f.format(m[k]) if k in m else "-" for k, _, f in ADAPT_COLUMNS) + " |")
     return (f"\n## Adaptation (held-out valid windows, metrics/adapt/{family}/<variant>.json)\n\n" + "\n".join(lines)
             + "\n\nA dash: the variant does not train that loss. MATCH: each window sees another window's CLIP text with "
-            "probability 0.5; *MATCH majority* is the larger class's share of the sampled windows, what a model that "
+            "probability `adapt.match_prob` (the paper's 0.5); *MATCH majority* is the larger class's share of the sampled windows, what a model that "
             "learned nothing scores.\n")
 
 
@@ -233,7 +233,7 @@ class _Tables:
 
     def load(self, run: str, task: TaskSpec) -> pd.DataFrame:
         if (run, task) not in self.preds:
-            self.preds[run, task] = read_predictions(self.finetune_dir / task.name / run / "predictions.parquet")
+            self.preds[run, task] = read_predictions(paths.predictions(task.name, run, self.finetune_dir))
         return self.preds[run, task]
 
     def resampled(self, run: str, task: TaskSpec) -> Replicates:

@@ -21,7 +21,7 @@ label is TRUE of its text:
 
 Besides the mechanisms that need the two texts compared word by word, several kinds of example carry
 evidence inside one text, as the real datasets do (negation in contradictions, added clauses in
-non-paraphrases, off-topic sentences at low similarity): a 2-layer model trained from scratch on 600
+non-paraphrases, off-topic sentences at low similarity): a 2-layer model trained from scratch on 500
 examples picks these up well before it learns to match words across sentences.
 
 Each generator is `gen_<task>(rng, label) -> Row`; `xdbert.data.synthetic.tasks` balances the labels.

@@ -55,9 +55,7 @@ class Settings:
         n_blocks = P.positive(get("n_blocks"), "tokenize.n_blocks")
         if n_blocks * CLIP_CONTEXT > INT16_MAX:
             raise PipelineError(f"`tokenize.n_blocks` must be at most {INT16_MAX // CLIP_CONTEXT} (alignment positions are int16); got {n_blocks}")
-        validate = get("validate_windows")
-        if not isinstance(validate, int) or isinstance(validate, bool) or validate < 0:
-            raise PipelineError(f"`tokenize.validate_windows` must be a non-negative integer; got {validate!r}")
+        validate = P.non_negative(get("validate_windows"), "tokenize.validate_windows")
         return cls(
             vocab_size=P.positive(get("vocab_size"), "tokenize.vocab_size"),
             max_len=max_len,
@@ -237,7 +235,8 @@ def _check_split(split: str, res: SplitResult, path: Path, settings: Settings) -
 
 
 def validation_sample(res: SplitResult, n: int) -> list[int]:
-    """`n` windows to re-check, deterministic: the first, the longest text, the most CLIP tokens, then random."""
+    """`n` windows to re-check, but at least two (the first and the longest text) when `n` > 0; deterministic:
+    the first, the longest text, the most CLIP tokens, then random."""
     if n <= 0 or res.windows == 0:
         return []
     spans = np.concatenate(res.char_span)
