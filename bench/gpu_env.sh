@@ -6,6 +6,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site
 fi
+# without them every bench fails at its imports: say so once, before the lease's time goes
+python3 -c "import open_clip, ruamel.yaml" 2>/dev/null || {
+    echo "open_clip or ruamel.yaml does not import: make .whl/ as bench/gpu_adapt.sh says, and carry it"; exit 1; }
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"

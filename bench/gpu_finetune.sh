@@ -11,9 +11,11 @@
 # SST-2 stand-in's 12 understate a step's work). A tiny random BERT learns them on the CPU (dev accuracy
 # 0.752, chance 0.5: finetune_share.py --size tiny --task rte --train 3000 --epochs 3 --lr 1e-3), and a
 # random BERT-base on an H200 (0.757). `sst2 2 5e-5 6000` is the earlier leases' set (BERT-base: 0.955).
-# STEPS picks the numbered steps below, each described where it runs (default "11 8 12": four compiled
-# recorded runs taking turns on the GPU, the same four under CUDA's multi-process service (MPS), eight
-# under MPS; about 500 s at most). Steps 1-4 and 8-9 were measured on 2026-11-27 and 2026-11-28
+# STEPS picks the numbered steps below, each described where it runs; they run in this file's order,
+# whatever their order in STEPS. The default "2 8 11 12": one compiled recorded run (it fills a cold
+# compile cache for the rest), four such runs under CUDA's multi-process service (MPS), the same four
+# taking turns without it, eight under MPS; about 450 s, 650 s if every step hits its limit. Steps 1-4
+# and 8-9 were measured on 2026-11-27 and 2026-11-28
 # (bench/results/h200). MORE=1 adds the unstacked path's profile and RUNS (default 8) compiled processes
 # taking turns, then under MPS; TRAINER=1 adds the comparison with the transformers Trainer (both
 # compiled, the pipeline recorded).
@@ -49,19 +51,21 @@ under_mps() {
         "$@"
         status=$?
         echo quit | nvidia-cuda-mps-control
+        # the server exits after the daemon: a process started before that would still run under MPS
+        for _ in $(seq 20); do pgrep -x nvidia-cuda-mps-server >/dev/null || break; sleep 0.5; done
         cp "$CUDA_MPS_LOG_DIRECTORY/control.log" "$out/mps_control.log" 2>/dev/null
     fi
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     return $status
 }
-want() { [[ " ${STEPS:-11 8 12} " == *" $1 "* ]]; }  # STEPS: which numbered steps to run
+want() { [[ " ${STEPS:-2 8 11 12} " == *" $1 "* ]]; }  # STEPS: which numbered steps to run
 # 1. one seed eagerly and with each step recorded as one CUDA graph, on the same seed: the losses and dev
 #    predictions should agree (and the seed trained twice, by default and in deterministic mode)
 #    If it fails, the recorded steps (2, 3) are skipped and step 4 runs instead: the lease's time goes to
 #    what can still be measured, and the log says why the recording failed
 recorded=1
 if want 1 && ! timed 120 bench/gpu_determinism.py --size base --train 2000 --out "$out"; then
-    recorded= STEPS="${STEPS:-11 8 12} 4"
+    recorded= STEPS="${STEPS:-2 8 11 12} 4"
     echo "step 1 failed: steps 2 and 3 skipped, step 4 added" | tee -a "$out/log.txt"
 fi
 # 2. one compiled run, each step one CUDA graph holding the compiled kernels: no host work between them
