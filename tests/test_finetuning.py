@@ -678,7 +678,7 @@ def workdir(tmp_path, bert_dir):
     write_tasks({"sst2": keyword_tables("sst2", 48, 16), "stsb": keyword_tables("stsb", 32, 12)},
                 tmp_path / "data" / "tasks", "test")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({
-        "profile": "embedded", "tasks": {"names": ["sst2", "stsb"]}, "adapt": {"family": "tiny"},
+        "profile": "embedded", "tasks": {"names": ["sst2", "stsb"]}, "adapt": {"family": "tiny", "variants": {}},
         "families": {"tiny": {"label": "Tiny", "size": "base", "layer_lr_decay": 1.0}}, "finetune": FINETUNE_PARAMS}))
     return tmp_path
 
@@ -852,7 +852,7 @@ def test_compile_auto_compiles_on_a_gpu_only(bert_dir, monkeypatch):
     ((), {"names": ["boolq"]}, "unknown entry of `tasks.names` 'boolq'; allowed: rte, mrpc"),
     ((), {"models": ["missing"]}, "`finetune.models` names 'missing'; every family adapts only baseline, xdbert"),
     ((), {"models": ["baseline"]}, "model folder models/adapted/tiny/baseline is missing"),
-    ((), {"adapt": {"family": "bert"}}, "`adapt.family` names 'bert', which is not a family; allowed: tiny"),
+    ((), {"adapt": {"family": "bert", "variants": {}}}, "`adapt.family` names 'bert', which is not a family; allowed: tiny"),
     ((), {"seeds": []}, "`finetune.seeds` must be a non-empty list"),
     ((), {"families": {"tiny": {"label": "Tiny", "size": "base", "layer_lr_decay": 0}}},
      "`families.tiny.layer_lr_decay` must be in (0, 1]"),

@@ -132,12 +132,11 @@ class Study:
                     raise PipelineError(f"`finetune.{key}` names {name!r}; every family adapts only {', '.join(allowed)}"
                                         f"{'' if key == 'models' else ' with a cross-modal model'}: an ablation variant "
                                         f"belongs in `finetune.ablations` (Table 3)")
-        own = (params.BASELINE, params.PROPOSED)
-        variants = params.variant_names(p) if set(lists["ablations"]) - set(own) else []  # read only when named
+        adapted = [params.BASELINE, params.PROPOSED, *params.variant_names(p)]
         for name in lists["ablations"]:  # a typo would otherwise ask for a model folder no stage writes
-            if name not in (*own, *variants):
+            if name not in adapted:
                 raise PipelineError(f"`finetune.ablations` names {name!r}, which is not an adapt variant or baseline; "
-                                    f"allowed: {', '.join([*own, *variants])}")
+                                    f"allowed: {', '.join(adapted)}")
         both = [name for name in lists["ablations"] if name in lists["models"]]
         if both:  # the same run twice, in one results folder: Table 3's protocol would overwrite Table 1's run
             raise PipelineError(f"`finetune.ablations` names {', '.join(both)}, already Table 1's runs in `finetune.models` "

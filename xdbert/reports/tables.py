@@ -145,8 +145,8 @@ def adaptation_table(metrics: dict[str, dict], family: str) -> str:
         lines.append(f"| {name} | " + " | ".join(f.format(m[k]) if k in m else "-" for k, _, f in ADAPT_COLUMNS) + " |")
     return (f"\n## Adaptation (held-out valid windows, metrics/adapt/{family}/<variant>.json)\n\n" + "\n".join(lines)
             + "\n\nA dash: the variant does not train that loss. MATCH: each window sees another window's CLIP text with "
-            "probability `adapt.match_prob` (the paper's 0.5); *MATCH majority* is the larger class's share of the sampled windows, what a model that "
-            "learned nothing scores.\n")
+            "probability `adapt.match_prob` (the paper's 0.5); *MATCH majority* is the larger class's share of the "
+            "sampled windows, what a model that learned nothing scores.\n")
 
 
 def mlm_head_note(heads: dict[Family, str | None]) -> str:
