@@ -33,19 +33,23 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from xdbert.adaptation import pretraining
-    from xdbert.data.tokenization.vocab import check_tokenizer_folder
+    from xdbert.data.tokenization.vocab import check_positions, check_tokenizer_folder, encoder_positions
     from xdbert.model.encoders import RANDOM_PREFIX, build_masked_lm
 
+    # A hub id's config comes from the cache or the hub: a misspelled or missing encoder fails here, before
+    # the stage's folder is replaced, not at `adapt`.
+    positions = encoder_positions(model.encoder, model.encoder_config)
     out, metrics_file = paths.pretrain_encoder(family), paths.PRETRAIN_ENCODER_METRICS / f"{family}.json"
     if not model.encoder.startswith(RANDOM_PREFIX):
         with io.atomic_path(out, is_dir=True) as tmp:
             tmp.mkdir(parents=True, exist_ok=True)
-            (tmp / "README.md").write_text(f"`model.encoder: {model.encoder}` is pretrained already: stages load it as downloaded.\n")
+            (tmp / "README.md").write_text(f"The encoder `{model.encoder}` is pretrained already: stages load it as downloaded.\n")
         runlog.write_metrics(metrics_file, {"profile": p["profile"], "family": family, "encoder": model.encoder, "steps": 0},
                              f"pretrain_encoder@{family}")
         print(f"pretrain_encoder@{family}: {model.encoder} is used as downloaded")
         return
 
+    check_positions("pretrain.max_len", settings.max_len, positions, model.encoder)
     checkpoint = paths.pretrain_encoder_checkpoint(family)
     check_tokenizer_folder(paths.TOKENIZER)
     tokenizer = AutoTokenizer.from_pretrained(str(paths.TOKENIZER))

@@ -468,7 +468,7 @@ ERRORS = {
                        ["`adapt.variants.two_epochs.epochs` must be a positive integer; got 0"]),
     "negative_lr": ("xdbert", {"adapt.lr": -1}, False, ["`adapt.lr` must be a positive number; got -1"]),
     "unknown_loss_weight": ("xdbert", {"adapt.loss_weights": {"mlm": 1.0, "itm": 2.0}}, False,
-                            ["`adapt.loss_weights` must map losses (mlm, match, cliptc) to weights", "'itm'"]),
+                            ["`adapt.loss_weights` names itm, which is not a loss; allowed: mlm, match, cliptc"]),
     "zero_loss_weight": ("mlm_match", {"adapt.variants.mlm_match": {"loss_weights": {"match": 0}}}, False,
                          ["`adapt.variants.mlm_match.loss_weights.match` must be a positive number; got 0"]),
     "negative_init_range": ("xdbert", {"adapt.init_range": -0.02}, False, ["`adapt.init_range` must be a positive number; got -0.02"]),
@@ -477,7 +477,7 @@ ERRORS = {
     "compile_not_a_setting": ("two_epochs", {"adapt.variants.two_epochs": {"epochs": 2, "compile": "gpu"}}, False,
                               ["`adapt.variants.two_epochs.compile` must be true, false or auto (on a GPU only); got 'gpu'"]),
     "unknown_encoder_type": ("xdbert", {**TINY_MODEL, "model.encoder": "random:notamodel"}, False,
-                             ["`model.encoder: random:notamodel`", "random:<model_type>", "bert"]),
+                             ["the encoder `random:notamodel`", "random:<a transformers model type>", "random:bert"]),
     "unknown_clip": ("xdbert", {**TINY_MODEL, "model.clip": "notaclip"}, False, ["`model.clip: notaclip`", "xdbert-tiny"]),
     "other_tokenizer": ("xdbert", TINY_MODEL, True, ["another vocabulary", "models/tokenizer", "dvc repro dual_tokenize"]),
 }

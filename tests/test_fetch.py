@@ -99,13 +99,14 @@ def test_fetch_asks_for_every_asset_and_pins_the_commits_the_hub_gave(cache, tmp
     assert hub.source("roberta-base", lock=lock_path) == "roberta-base"  # not pinned: the hub's current one
 
 
-@pytest.mark.parametrize("text", ['{"old": true}', "not json", '{"assets": [{"repo_id": "bert-base-uncased"}]}'])
+@pytest.mark.parametrize("text", ['{"old": true}', "not json", '{"assets": [{"repo_id": "bert-base-uncased"}]}',
+                                  b"\xbe\xef binary"])
 def test_a_damaged_lock_is_one_error_that_says_how_to_restore_it(tmp_path, text):
     lock = tmp_path / "hub.lock.json"
-    lock.write_text(text)
+    lock.write_bytes(text) if isinstance(text, bytes) else lock.write_text(text)
     with pytest.raises(PipelineError, match=r"hub.lock.json is not a hub lock .*`git checkout .*`xdbert fetch`"):
         hub.source("bert-base-uncased", lock=lock)
-    assert lock.read_text() == text
+    assert lock.read_bytes() == (text if isinstance(text, bytes) else text.encode())
 
 
 @pytest.mark.parametrize("change, message", [

@@ -70,6 +70,20 @@ def test_read_json_names_missing_file(tmp_path):
         io.read_json(tmp_path / "nope.json")
 
 
+@pytest.mark.parametrize("content, message", [(b"[1, 2]", "holds a JSON list, not the object its stage writes"),
+                                              (b"\xff\xfe\x00", "is not valid JSON"), (b'{"a": ', "is not valid JSON")])
+def test_read_json_refuses_what_no_stage_writes(tmp_path, content, message):
+    (tmp_path / "m.json").write_bytes(content)
+    with pytest.raises(PipelineError, match=message + ".*delete it and rerun `dvc repro`"):
+        io.read_json(tmp_path / "m.json")
+
+
+def test_a_params_file_that_is_not_text_is_one_error(tmp_path):
+    (tmp_path / "params.yaml").write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(PipelineError, match=r"params.yaml is not UTF-8 text .*`xdbert profile embedded`"):
+        params.load(tmp_path / "params.yaml")
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -197,9 +211,12 @@ def test_every_profile_key_is_known_and_unknown_keys_are_refused(tmp_path):
     path.write_text("profile: embedded\nadapt: {lrr: 1e-4}\n")
     with pytest.raises(PipelineError, match=r"unknown param `adapt.lrr` \(did you mean `adapt.lr`\?\)"):
         params.load(path)
-    path.write_text("profile: embedded\nfinetunes: {epochs: 3}\n")
-    with pytest.raises(PipelineError, match=r"unknown section `finetunes` in params.yaml \(did you mean `finetune`\?\)"):
-        params.load(path)
+    mine = tmp_path / "mine.yaml"  # the file `xdbert check mine.yaml` was given, named as given
+    mine.write_text("profile: embedded\nfinetunes: {epochs: 3}\n")
+    with pytest.raises(PipelineError, match=r"unknown section `finetunes` in .*mine.yaml \(did you mean `finetune`\?\)"):
+        params.load(mine)
+    with pytest.raises(PipelineError, match=r"section `adapt` of params.yaml must map its keys to values; got list"):
+        params.section({"adapt": [1, 2]}, "adapt")
 
 
 def test_a_stage_refuses_a_misspelt_key_before_any_work(tmp_path):

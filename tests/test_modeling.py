@@ -163,7 +163,7 @@ def test_unknown_clip_tag_and_offline_download_give_clear_errors(monkeypatch):
 def test_language_encoder_errors():
     with pytest.raises(PipelineError, match="unknown encoder model type `nosuch`"):
         build_language_encoder("random:nosuch")
-    with pytest.raises(PipelineError, match="cannot load language encoder"):
+    with pytest.raises(PipelineError, match="cannot load the language encoder"):
         build_language_encoder("/nonexistent/encoder/folder")
     # Tests run with HF_HUB_OFFLINE=1 (conftest): a hub id is an offline failure with what to do.
     with pytest.raises(PipelineError, match="HF_HUB_OFFLINE=1"):
@@ -635,3 +635,12 @@ def test_bf16_autocast_forward_and_backward():
             out = model(**b, output_attentions=output_attentions)
         assert torch.isfinite(out["loss"]) and out["loss"].dtype == torch.float32
         out["loss"].backward()
+
+
+def test_clip_heads_that_do_not_divide_the_towers_width_are_refused_before_the_build():
+    from xdbert.model.build import check_clip_heads
+
+    check_clip_heads("xdbert-tiny", 2)
+    with pytest.raises(PipelineError, match=r"`adapt.clip_heads` \(or a variant's own\) = 3 does not divide the width 64 "
+                                            r"of CLIP's text tower `xdbert-tiny`; allowed: 1, 2, 4, 8, 16, 32, 64$"):
+        check_clip_heads("xdbert-tiny", 3)

@@ -33,6 +33,8 @@ from xdbert import profiles
 from xdbert.analysis.grounding import TASK_TITLES
 from xdbert.cli import app
 from xdbert.data.tasks.registry import TASK_NAMES
+from xdbert.data.tokenization.vocab import encoder_positions as positions_of
+from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import Study
 from xdbert.model import LOSSES
 from xdbert.model.settings import FAMILY_KEYS
@@ -114,8 +116,8 @@ def names(options: Callable[[dict], list], required: Callable[[dict], list] = la
 
 FLAG = spec(st.booleans(), wrong("bool"))
 HUB_NAME = spec(NAME, wrong("text"), EMPTY)
-SEEDS = spec(st.lists(st.integers(-5, 10**6), min_size=1, max_size=9, unique=True), wrong("list"),
-             st.one_of(st.just([]), st.integers(0, 9).map(lambda s: [s, s])))
+SEEDS = spec(st.lists(st.integers(0, 10**6), min_size=1, max_size=9, unique=True), wrong("list"),
+             st.one_of(st.just([]), st.integers(0, 9).map(lambda s: [s, s]), st.integers(-10**6, -1).map(lambda s: [s])))
 ADAPT_VARIANTS = lambda p: list(p["adapt"]["variants"])  # noqa: E731
 FAMILIES = lambda p: list(p["families"])  # noqa: E731
 
@@ -143,13 +145,29 @@ def runs_of_every_grounding_task(p: dict) -> list[str]:
     return [name[len(own):] for name in runs[0] if name.startswith(own) and all(name in r for r in runs)]
 
 
-def encoder_positions(p: dict) -> int | None:
-    """The bound of tokenize.max_len that the check knows: the random encoders' max_position_embeddings."""
+def random_encoders(p: dict, families_only: bool = False) -> list[tuple[str, dict]]:
+    """(encoder, merged encoder_config) of `model` (unless `families_only`) and of every family, where random."""
     m = p["model"]
     configs = [(f.get("encoder", m["encoder"]), {**(m["encoder_config"] or {}), **(f.get("encoder_config") or {})})
-               for f in [{}, *p["families"].values()]]
-    bounds = [c["max_position_embeddings"] for e, c in configs if e.startswith("random:") and c.get("max_position_embeddings")]
-    return min(bounds) if bounds else None
+               for f in [*([] if families_only else [{}]), *p["families"].values()]]
+    return [(e, c) for e, c in configs if e.startswith("random:")]
+
+
+@cache
+def _positions(encoder: str, config: tuple) -> int | None:
+    return positions_of(encoder, dict(config))
+
+
+def encoder_positions(p: dict, families_only: bool = False) -> int | None:
+    """The bound the check knows of tokenize.max_len (every random encoder) or pretrain.max_len (the families'
+    alone): the fewest positions of the random encoders, their config's or their model type's default."""
+    bounds = []
+    for e, c in random_encoders(p, families_only):
+        try:
+            bounds.append(_positions(e, tuple(sorted(c.items()))))
+        except PipelineError:  # an unknown model type: `rules_kept` refuses it
+            continue
+    return min((b for b in bounds if b), default=None)
 
 
 def divisors(n: int) -> list[int]:
@@ -203,8 +221,10 @@ SCHEMA: dict[str, Spec] = {
         lambda p, path: st.one_of(NOT_POSITIVE_INT, st.just(p["model"]["encoder_config"]["hidden_size"] + 1))),
     "model.encoder_config.num_hidden_layers": pos_int(48),
     "model.encoder_config.intermediate_size": pos_int(8192),
-    "model.encoder_config.max_position_embeddings": spec(
-        lambda p, path: st.integers(p["tokenize"]["max_len"] if encoder_positions(p) else 1, 4096), wrong("int"), NOT_POSITIVE_INT),
+    "model.encoder_config.max_position_embeddings": spec(  # at least what the max_lens bounded by it ask for
+        lambda p, path: st.integers(*(lambda lo: (lo, max(lo, 4096)))(
+            max(p["tokenize"]["max_len"], p["pretrain"]["max_len"]) if random_encoders(p) else 1)),
+        wrong("int"), NOT_POSITIVE_INT),
     "model.encoder_config.embedding_size": pos_int(4096),
     "model.encoder_config.hidden_dropout_prob": fraction(),
     "model.encoder_config.attention_probs_dropout_prob": fraction(),
@@ -216,7 +236,9 @@ SCHEMA: dict[str, Spec] = {
     "tokenize.shard_windows": pos_int(), "tokenize.max_overflow": fraction(),
     "tokenize.validate_windows": non_negative(), "tokenize.workers": pos_int(64),
 
-    **{f"pretrain.{k}": pos_int() for k in ("steps", "batch_size", "max_len", "checkpoint_every")},
+    **{f"pretrain.{k}": pos_int() for k in ("steps", "batch_size", "checkpoint_every")},
+    "pretrain.max_len": spec(lambda p, path: st.integers(1, encoder_positions(p, families_only=True) or 10**6), wrong("int"),
+                             NOT_POSITIVE_INT),
     "pretrain.lr": pos_float(),
     **{f"pretrain.{k}": fraction() for k in ("restate_mask_prob", "warmup_ratio", "weight_decay")},
     "pretrain.mlm_prob": TARGETS,
@@ -263,11 +285,14 @@ SCHEMA: dict[str, Spec] = {
     "grounding.tasks": names(lambda p: [t for t in TASK_TITLES if t in p["tasks"]["names"]],
                              required=lambda p: [p["grounding"]["examples_task"]],
                              bad=st.one_of(st.just([]), st.just(["swag"]), st.lists(UNKNOWN, min_size=1, max_size=1))),
-    "grounding.baseline": spec(lambda p, path: st.sampled_from(runs_of_every_grounding_task(p)), wrong("text"),
-                               st.one_of(EMPTY, UNKNOWN)),
+    "grounding.baseline": spec(  # and not the run the other key names: Figure 4 compares two
+        lambda p, path: st.sampled_from(runs_of_every_grounding_task(p)).filter(
+            lambda run: run != p["grounding"]["model" if path[-1] == "baseline" else "baseline"]),
+        wrong("text"), st.one_of(EMPTY, UNKNOWN)),
     "grounding.threshold": pos_int(),
-    "grounding.captions": spec(st.one_of(st.sampled_from(["generated", "data/coco/captions_train2017.json"]), NAME),
-                               wrong("text"), st.just("")),
+    "grounding.captions": spec(st.one_of(st.sampled_from(["generated", "data/coco/captions_train2017.json"]),
+                                         NAME.filter(lambda n: n.count("/") <= 1)),  # a datasets id is owner/name
+                               wrong("text"), st.sampled_from(["", "inputs/coco/captions.txt"])),
     "grounding.captions_hub_split": HUB_NAME, "grounding.captions_hub_column": HUB_NAME,
     "grounding.n_captions": pos_int(), "grounding.seed": non_negative(),
     "grounding.stopwords": spec(st.one_of(st.just(""), NAME), wrong("text", "none")),
@@ -340,6 +365,13 @@ def rules_kept(p: dict) -> bool:
     cfg = m["encoder_config"] or {}
     if cfg.get("hidden_size", 1) % cfg.get("num_attention_heads", 1) or p["tokenize"]["max_len"] > (encoder_positions(p) or 32767):
         return False
+    for encoder, config in random_encoders(p):  # a model type transformers knows
+        try:
+            _positions(encoder, tuple(sorted(config.items())))
+        except PipelineError:
+            return False
+    if p["pretrain"]["max_len"] > (encoder_positions(p, families_only=True) or 10**6):
+        return False
     if t["source"] == "hub" and "read" in t["names"] and not t["read_path"].strip():
         return False
     if a["family"] not in p["families"] or not {x for pair in p["pwcca"]["pairs"] for x in pair} <= {*p["families"], "clip", "random"}:
@@ -349,7 +381,7 @@ def rules_kept(p: dict) -> bool:
             and set(f["ablations"]) <= {*variants, "baseline", "xdbert"} and not set(f["ablations"]) & set(f["models"])
             and set(p["attention"]["variants"]) <= set(with_clip(p)) and p["attention"]["task"] in t["names"]
             and set(g["tasks"]) <= set(t["names"]) and g["examples_task"] in g["tasks"]
-            and {g["baseline"], g["model"]} <= set(runs_of_every_grounding_task(p)))
+            and {g["baseline"], g["model"]} <= set(runs_of_every_grounding_task(p)) and g["baseline"] != g["model"])
 
 
 # -- params files and the check ----------------------------------------------------------------------------

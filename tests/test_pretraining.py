@@ -157,6 +157,10 @@ def test_clip_stand_in_settings_check_only_what_it_trains_with():
     ("bert", "lr", -1, "`pretrain.lr` must be a positive number; got -1"),
     ("bert", "restate_mask_prob", 1.5, "`pretrain.restate_mask_prob`"),
     ("roberta", "seed", 0, "unknown family 'roberta'; the study's families (`families`): bert"),
+    ("bert", "max_len", 256, "`pretrain.max_len` = 256 is above the 128 positions of the encoder `random:bert`"),
+    # a hub encoder is not pretrained here, but a misspelled or missing one must not replace the folder
+    ("bert", "families.bert.encoder", "xdbert-tests/no-such-model",
+     "could not load the config of the encoder `xdbert-tests/no-such-model`: it is not in this machine's hub cache"),
 ])
 def test_stage_rejects_bad_params_and_keeps_the_previous_output(tmp_path, monkeypatch, capsys, family, key, value, message):
     import runpy
@@ -167,7 +171,11 @@ def test_stage_rejects_bad_params_and_keeps_the_previous_output(tmp_path, monkey
 
     root = Path(__file__).resolve().parents[1]
     params = values("embedded")
-    params["pretrain"][key] = value
+    *section, name = key.split(".") if "." in key else ("pretrain", key)
+    target = params
+    for part in section:
+        target = target[part]
+    target[name] = value
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     previous = tmp_path / "models" / "pretrain_encoder" / family
     previous.mkdir(parents=True)

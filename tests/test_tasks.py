@@ -226,6 +226,26 @@ def test_read_loader_errors(tmp_path):
         hub.load_read(str(tmp_path / "bad.csv"))
 
 
+@pytest.mark.parametrize("damage, message", [
+    (lambda text: text.replace("-3.5,", "abc,", 1), r"the row ending on line 3: .* target 'abc'"),
+    (lambda text: text.replace("-3.5,", ",", 1), r"the row ending on line 3: .* target ''"),
+    (lambda text: text.replace("-3.5,", "nan,", 1), r"the row ending on line 3: .* target 'nan'"),
+    (lambda text: text.replace('"Passage number 0.', '"', 1).replace("It has two lines.", "", 1), r"got excerpt '\\n'"),
+    (lambda text: text[:text.index("Passage number 5") + 8], "is not a readable CSV file: unexpected end of data"),
+])
+def test_a_damaged_commonlit_file_is_refused_before_any_download(tmp_path, damage, message):
+    """The check the first stage and `xdbert fetch` run reads every row: a bad one is one line, not a traceback
+    from the tasks stage after GLUE's and SWAG's downloads."""
+    from xdbert.data.provided import check_read_csv
+
+    path = tmp_path / "train.csv"
+    kaggle_csv(path)
+    check_read_csv(path)
+    path.write_text(damage(path.read_text()))
+    with pytest.raises(PipelineError, match=r"train.csv \(`tasks.read_path`\)" + r".*" + message):
+        check_read_csv(path)
+
+
 def test_offline_hub_requests_say_what_to_do(tmp_path):
     # conftest sets HF_HUB_OFFLINE=1; the real ids must fail at once with the instructions
     with pytest.raises(PipelineError, match="HF_HUB_OFFLINE=1"):

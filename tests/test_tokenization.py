@@ -21,16 +21,17 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from open_clip.tokenizer import _clean_whitespace
 
 from conftest import load_stage
-from xdbert.data.tokenization.build import Settings, check_max_len
-from xdbert.data.tokenization.cleaning import _BADNESS_REACH, _looks_bad, clean_text, clip_reference_clean, fix_text
+from xdbert.data.tokenization.build import Settings
+from xdbert.data.tokenization.cleaning import _BADNESS_REACH, _looks_bad, clean_text, fix_text
 from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
 from xdbert.data.tokenization.dual import DualTokenizer
 from xdbert.data.tokenization.pool import tokenize_docs
-from xdbert.data.tokenization.vocab import (BERT_SPECIALS, check_shared_vocabulary, encoder_positions,
+from xdbert.data.tokenization.vocab import (BERT_SPECIALS, check_positions, check_shared_vocabulary, encoder_positions,
                                             load_encoder_tokenizer, train_wordpiece, vocab_hash)
-from xdbert.data.tokenization.windows import (Layout, alignment_problem, clip_attention_mask, clip_blocks, clip_content,
+from xdbert.data.tokenization.windows import (Layout, alignment_problem, clip_blocks, clip_content,
                                               concat_windows)
 from xdbert.errors import PipelineError
 from xdbert.profiles import values
@@ -147,7 +148,7 @@ def test_clean_text_rule_and_idempotence():
     for t in REAL_TEXT + MOJIBAKE:
         c = clean_text(t)
         assert clean_text(c) == c
-        assert clip_reference_clean(c) == c  # CLIP's own cleaning gives the text back
+        assert _clean_whitespace(c) == c  # what open_clip's SimpleTokenizer does before splitting gives the text back
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,15 +307,13 @@ def test_block_layout_and_mask():
     assert row[0] == 49406 and row[1:76].tolist() == content[:75] and row[76] == 49407
     assert row[77] == 49406 and row[78:83].tolist() == content[75:] and row[83] == 49407
     assert (row[84:] == 0).all()
-    mask = clip_attention_mask(row, 49407)
-    assert mask.shape == (3, 77)
-    assert mask[0].all() and mask[1, :7].all() and not mask[1, 7:].any() and not mask[2].any()
-    assert clip_content(row, 49407) == content
     from xdbert.clip import clip_block_mask
     import torch
 
-    torch_mask = clip_block_mask(torch.as_tensor(row.astype(np.int64)).reshape(3, 77), 49407)
-    assert np.array_equal(torch_mask.numpy(), mask)
+    mask = clip_block_mask(torch.as_tensor(row.astype(np.int64)).reshape(3, 77), 49407)
+    assert mask.shape == (3, 77)
+    assert mask[0].all() and mask[1, :7].all() and not mask[1, 7:].any() and not mask[2].any()
+    assert clip_content(row, 49407) == content
     full, kept = clip_blocks(list(range(300)), layout)
     assert kept == 225 and full[76] == full[153] == full[230] == 49407
 
@@ -369,7 +368,7 @@ def test_hub_loader_reads_a_folder_in_the_hub_format(bert_dir, tmp_path):
 
 def test_offline_hub_request_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(PipelineError, match="cannot reach the hub"):
+    with pytest.raises(PipelineError, match="not in this machine's hub cache, and the hub is switched off"):
         load_encoder_tokenizer("xdbert-tests/no-such-model")
 
 
@@ -382,10 +381,15 @@ def test_settings_are_checked():
         with pytest.raises(PipelineError, match=re.escape(msg)):
             Settings.from_params({**good, key: value})
     with pytest.raises(PipelineError, match="above the 128 positions"):
-        check_max_len(Settings.from_params({**good, "max_len": 256}), encoder_positions("random:bert", {"max_position_embeddings": 128}), "random:bert")
+        check_positions("tokenize.max_len", Settings.from_params({**good, "max_len": 256}).max_len,
+                        encoder_positions("random:bert", {"max_position_embeddings": 128}), "random:bert")
     assert encoder_positions("random:bert", None) == 512
-    with pytest.raises(PipelineError, match="unknown model type"):
+    with pytest.raises(PipelineError, match="unknown encoder model type `nosuchmodel`"):
         encoder_positions("random:nosuchmodel", None)
+    # transformers keeps a misspelled key as a stray attribute and builds the default size: refused
+    with pytest.raises(PipelineError, match=r"`hiden_size` in the encoder_config of `random:bert` is not a setting of "
+                                            r"transformers' BertConfig \(did you mean `hidden_size`\?\)"):
+        encoder_positions("random:bert", {"hiden_size": 32})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,7 +537,7 @@ def test_stage_fails_on_a_missing_corpus_file(tmp_path, monkeypatch):
 def test_stage_fails_offline_for_a_hub_tokenizer(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     params = {**PARAMS, "model": {**PARAMS["model"], "encoder": "xdbert-tests/no-such-bert"}}
-    assert "cannot reach the hub" in stage_error(write_workdir(tmp_path, params), monkeypatch)
+    assert "not in this machine's hub cache" in stage_error(write_workdir(tmp_path, params), monkeypatch)
 
 
 def test_stage_script_exits_2_with_one_line(tmp_path):

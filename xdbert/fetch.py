@@ -22,6 +22,7 @@ from xdbert import params as P
 from xdbert.data import provided
 from xdbert.errors import PipelineError
 from xdbert.hub import LOCK, hub_request
+from xdbert.model.settings import RANDOM_PREFIX
 
 # What a model repository holds that no loader here reads: other frameworks' weights and exports.
 MODEL_IGNORE = ["*.h5", "*.msgpack", "*.ot", "*.onnx", "*.tflite", "onnx/*", "coreml/*", "openvino/*", "rust_model*"]
@@ -38,7 +39,7 @@ class Asset:
 
 
 def _is_hub_id(name: str) -> bool:
-    return bool(name) and not name.startswith("random:") and not Path(name).exists()
+    return bool(name) and not name.startswith(RANDOM_PREFIX) and not Path(name).exists()
 
 
 def requested_revisions(p: dict) -> dict[str, str]:

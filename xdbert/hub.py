@@ -14,6 +14,11 @@ OFFLINE_HINT = (
     "this machine cannot reach the hub. Either switch to the offline profile (`xdbert profile embedded`), "
     "or download on a connected machine first (it lands in ~/.cache/huggingface) and set HF_HUB_OFFLINE=1"
 )
+NOT_CACHED_HINT = (
+    "it is not in this machine's hub cache, and the hub is switched off (HF_HUB_OFFLINE=1). Check that the id is "
+    "spelled right, or run `xdbert fetch` where the hub can be reached and copy its cache (HF_HOME, "
+    "~/.cache/huggingface) here"
+)
 
 
 def _is_network_error(e: BaseException) -> bool:
@@ -45,7 +50,10 @@ def hub_request(what: str) -> Iterator[None]:
         raise
     except Exception as e:  # the hub libraries raise many types for the same offline condition
         if _is_network_error(e):
-            raise PipelineError(f"could not load {what}: {OFFLINE_HINT}") from e
+            from huggingface_hub import constants
+
+            hint = NOT_CACHED_HINT if constants.HF_HUB_OFFLINE else OFFLINE_HINT
+            raise PipelineError(f"could not load {what}: {hint}") from e
         raise
 
 
@@ -83,7 +91,7 @@ def pinned(repo_id: str, repo_type: str = "model", lock: Path = LOCK) -> str | N
         return None
     try:
         written = json.loads(lock.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or not even UTF-8 text
         written = None
     assets = written.get("assets") if isinstance(written, dict) else None
     keys = {"repo_id", "repo_type", "revision"}

@@ -87,16 +87,21 @@ def read_parquet(path: str | os.PathLike, remedy: str):
         raise PipelineError(f"{path} is damaged ({' '.join(str(e).split())[:200]}): {remedy}") from e
 
 
-def read_json(path: str | os.PathLike) -> Any:
+def read_json(path: str | os.PathLike) -> dict:
+    """A JSON file holding one object: every configuration, manifest and metrics file the stages write."""
     from xdbert.errors import PipelineError
 
     path = Path(path)
     if not path.is_file():
         raise PipelineError(f"missing file {path}: run the stage that writes it first (`dvc repro`)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # not JSON, or not even UTF-8 text
         raise PipelineError(f"{path} is not valid JSON ({e}); delete it and rerun `dvc repro`") from e
+    if not isinstance(value, dict):
+        raise PipelineError(f"{path} holds a JSON {type(value).__name__}, not the object its stage writes; delete it "
+                            "and rerun `dvc repro`")
+    return value
 
 
 def check_safetensors(path: str | os.PathLike) -> None:

@@ -82,23 +82,26 @@ def load(path: str | Path = "params.yaml") -> dict:
         params = read_yaml(path) or {}
     except yaml.YAMLError as e:
         raise PipelineError(f"{path} is not valid YAML: {e}") from e
+    except UnicodeDecodeError as e:
+        raise PipelineError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): a params file is YAML; "
+                            "`xdbert profile embedded` writes a whole one") from e
     if not isinstance(params, dict):
         raise PipelineError(f"{path} must be a mapping of sections (profile, corpus, tasks, ...); got {type(params).__name__}")
     if "profile" not in params:  # an empty file, or one written by hand
         raise PipelineError(f"{path} has no `profile` key; allowed: {', '.join(PROFILES)} (`xdbert profile embedded` "
                             "writes a whole params file)")
     choice(params.get("profile"), "profile", PROFILES)
-    check_keys(params)
+    check_keys(params, path)
     return params
 
 
-def check_keys(params: dict) -> None:
+def check_keys(params: dict, path: str | Path = "params.yaml") -> None:
     """Refuse a section or a key that no stage reads, naming the closest known one."""
     for name, sec in params.items():
         if name == "profile":
             continue
         if name not in KEYS:
-            raise PipelineError(f"unknown section `{name}` in params.yaml{_closest(name, KEYS)}; allowed: profile, {', '.join(KEYS)}")
+            raise PipelineError(f"unknown section `{name}` in {path}{_closest(name, KEYS)}; allowed: profile, {', '.join(KEYS)}")
         for key in sec if isinstance(sec, dict) and KEYS[name] is not None else ():
             if key not in KEYS[name]:
                 raise PipelineError(f"unknown param `{name}.{key}`{_closest(key, KEYS[name], name + '.')}; "
@@ -111,7 +114,10 @@ def _closest(word: str, known, prefix: str = "") -> str:
 
 
 def section(params: dict, name: str) -> dict:
-    if not isinstance(params.get(name), dict):
+    if name in params and not isinstance(params[name], dict):
+        raise PipelineError(f"section `{name}` of params.yaml must map its keys to values; got {type(params[name]).__name__}: "
+                            f"compare with xdbert/profiles/embedded.yaml (the defaults)")
+    if name not in params:
         raise PipelineError(f"params.yaml has no section `{name}`; compare with xdbert/profiles/embedded.yaml (the defaults)")
     return params[name]
 

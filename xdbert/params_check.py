@@ -23,11 +23,11 @@ from xdbert.data.corpus import CorpusSettings
 from xdbert.data.tasks.registry import get_task
 from xdbert.data.tasks.settings import TasksSettings
 from xdbert.data.tokenization.build import Settings as TokenizeSettings
-from xdbert.data.tokenization.build import check_max_len
+from xdbert.data.tokenization.vocab import check_positions, encoder_positions
 from xdbert.errors import PipelineError
 from xdbert.fetch import requested_revisions
 from xdbert.finetuning.settings import FinetuneSettings
-from xdbert.model.settings import ModelSettings, ablation_family, family_names
+from xdbert.model.settings import RANDOM_PREFIX, ModelSettings, ablation_family, family_names
 from xdbert.reports.settings import AggregateSettings
 
 
@@ -46,12 +46,16 @@ def check(p: dict) -> None:
     ablation_family(p)
     requested_revisions(p)
     tokenize = TokenizeSettings.from_params(P.section(p, "tokenize"))
+    pretrain = PretrainSettings.from_params(p)
     for name in ["", *family_names(p)]:  # the tokenizer's encoder, then every family's
         m = ModelSettings.from_params(p, name)
-        if m.encoder.startswith("random:") and m.encoder_config.get("max_position_embeddings"):
-            # dual_tokenize's own check; a pretrained encoder's positions need its config from the hub
-            check_max_len(tokenize, m.encoder_config["max_position_embeddings"], m.encoder)
-    PretrainSettings.from_params(p)
+        if m.encoder.startswith(RANDOM_PREFIX):
+            # the stages' own checks (dual_tokenize; pretrain_encoder trains only random encoders); a
+            # pretrained encoder's config comes from the hub, which `xdbert check` does not ask
+            positions = encoder_positions(m.encoder, m.encoder_config)
+            check_positions("tokenize.max_len", tokenize.max_len, positions, m.encoder)
+            if name:
+                check_positions("pretrain.max_len", pretrain.max_len, positions, m.encoder)
     PretrainSettings.clip_from_params(p, model.clip_pretrained)
     variants = P.variant_names(p)
     for variant in [P.PROPOSED, P.BASELINE, *variants]:

@@ -108,7 +108,7 @@ def target_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
 
 
 def pretrain(model: torch.nn.Module, tokenizer, sentences: list[str], s: PretrainSettings, checkpoint: Path,
-             log: Callable[[dict, int], None] | None = None, stop_after: int | None = None) -> dict:
+             stop_after: int | None = None) -> dict:
     """Train a transformers `...ForMaskedLM` for `s.steps` steps; resume from `checkpoint` when it matches.
 
     Each step's pairs and masking are drawn from (seed, step), so a resumed run takes the same steps.
@@ -119,7 +119,7 @@ def pretrain(model: torch.nn.Module, tokenizer, sentences: list[str], s: Pretrai
         batch = masked_batch(tokenizer, first, second, s, training.generator(s.seed, step, 1))
         return target_logits(model, batch)
 
-    return _train(model, s, "mlm", step_loss, len(sentences), checkpoint, log, stop_after)
+    return _train(model, s, "mlm", step_loss, len(sentences), checkpoint, stop_after)
 
 
 def shard_blocks(split) -> torch.Tensor:
@@ -128,7 +128,7 @@ def shard_blocks(split) -> torch.Tensor:
 
 
 def pretrain_clip(tower: torch.nn.Module, blocks: torch.Tensor, eot_id: int, s: PretrainSettings, checkpoint: Path,
-                  log: Callable[[dict, int], None] | None = None, stop_after: int | None = None) -> dict:
+                  stop_after: int | None = None) -> dict:
     """Train a random CLIP text tower as a causal language model on CLIP blocks (N, 77) for `s.steps` steps.
 
     The embedded profile's stand-in for CLIP's pretraining (it has no images): its text tower is causal, so
@@ -154,12 +154,12 @@ def pretrain_clip(tower: torch.nn.Module, blocks: torch.Tensor, eot_id: int, s: 
         logits = hidden[:, :-1][follows] @ tower.token_embedding.weight[vocab].T
         return logits, to_class[ids[:, 1:][follows]]
 
-    return _train(tower, s, "lm", step_loss, len(blocks), checkpoint, log, stop_after)
+    return _train(tower, s, "lm", step_loss, len(blocks), checkpoint, stop_after)
 
 
 def _train(model: torch.nn.Module, s: PretrainSettings, name: str,
            step_loss: Callable[[int], tuple[torch.Tensor, torch.Tensor]], data_size: int, checkpoint: Path,
-           log: Callable[[dict, int], None] | None, stop_after: int | None) -> dict:
+           stop_after: int | None) -> dict:
     """The step loop both stand-ins share: AdamW with warmup and decay, checkpoints, resume, a summary.
 
     `step_loss(step)` gives (logits at the targets, their classes) from data drawn by (seed, step) alone,
@@ -189,8 +189,6 @@ def _train(model: torch.nn.Module, s: PretrainSettings, name: str,
         optimizer.zero_grad(set_to_none=True)
         accuracy = float((logits.detach().argmax(-1) == labels).float().mean())
         history.append({f"{name}_loss": float(loss.detach()), f"{name}_accuracy": accuracy})
-        if log is not None:
-            log({**history[-1], "lr": schedule.get_last_lr()[0]}, step)
         done = step + 1
         if done % s.checkpoint_every == 0 or done == s.steps:
             training.save_checkpoint(checkpoint, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -201,5 +199,5 @@ def _train(model: torch.nn.Module, s: PretrainSettings, name: str,
     summary = {}
     for part_name, part in (("first", history[:tenth]), ("last", history[-tenth:])):
         for key in (f"{name}_loss", f"{name}_accuracy"):
-            summary[f"{part_name}_{key}"] = sum(h[key] for h in part) / len(part) if part else float("nan")
+            summary[f"{part_name}_{key}"] = sum(h[key] for h in part) / len(part)
     return {**summary, "steps": len(history), "seconds": round(time.time() - t0, 1)}

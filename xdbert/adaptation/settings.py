@@ -159,8 +159,12 @@ class AdaptSettings:
         P.choice(s["cliptc_vocab"], key_of("cliptc_vocab"), ("full", "shards"))
         weights = s["loss_weights"]
         if weights is not None:  # None: every loss weighs 1 (the paper)
-            if not isinstance(weights, dict) or set(weights) - set(LOSSES):
+            if not isinstance(weights, dict):
                 raise PipelineError(f"`{key_of('loss_weights')}` must map losses ({', '.join(LOSSES)}) to weights; got {weights!r}")
+            unknown = sorted(map(str, set(weights) - set(LOSSES)))
+            if unknown:
+                raise PipelineError(f"`{key_of('loss_weights')}` names {', '.join(unknown)}, which is not a loss; allowed: "
+                                    f"{', '.join(LOSSES)}")
             for name, w in weights.items():
                 P.positive(w, f"{key_of('loss_weights')}.{name}", float)
         if s["init_range"] is not None:

@@ -39,7 +39,7 @@ from xdbert.adaptation.settings import AdaptSettings
 from xdbert.data.tasks.registry import TASK_NAMES, get_task
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ablation_family
-from xdbert.paths import crossmodal
+from xdbert.paths import CROSSMODAL_CONFIG, crossmodal
 
 CLIP_SPECIAL_LABELS = {"<start_of_text>": "<sot>", "<end_of_text>": "<eot>"}
 
@@ -79,7 +79,7 @@ class AttentionSettings:
             if v not in adapted:
                 raise PipelineError(f"`attention.variants` names {v!r}, which is not an adapt variant with CLIP text "
                                     f"(baseline has no cross-modal model, a placeholder no CLIP); allowed: {', '.join(adapted)}")
-            saved = crossmodal(family, v) / "xdbert_config.json"
+            saved = crossmodal(family, v) / CROSSMODAL_CONFIG
             if files and not saved.is_file():
                 stage = f"adapt@{family}" if v == P.PROPOSED else f"ablate@{v}"
                 raise PipelineError(f"missing {saved}: run its adapt stage first (`dvc repro {stage}`), or "
@@ -87,7 +87,7 @@ class AttentionSettings:
         task = P.choice(get("task"), "attention.task", TASK_NAMES)
         if get_task(task).kind == "multiple_choice":
             raise PipelineError("`attention.task` must be a sentence or sentence-pair task, not multiple choice (e.g. rte)")
-        index = sec.get("index")
+        index = get("index")
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise PipelineError(f"`attention.index` must be the integer idx of a dev example; got {index!r}")
         sizes = {key: P.positive(get(key), f"attention.{key}")

@@ -94,12 +94,20 @@ class GroundingSettings:
             n_captions = seed = None
         if captions == "generated" or captions.endswith(".json"):
             hub_split = hub_column = None
+        elif (Path(captions).is_file() or captions.count("/") > 1) and not Path(captions).is_dir():
+            # a datasets id is owner/name: this names a file, which only COCO's .json layout can be
+            raise PipelineError(f"`grounding.captions: {captions}` is neither a COCO captions .json file nor a datasets "
+                                f"id (owner/name); allowed: generated, a .json file in the layout of COCO's "
+                                f"captions_train2017.json, or a datasets id")
         if files and captions.endswith(".json") and not Path(captions).is_file():
             raise PipelineError(f"missing caption file {captions} (`grounding.captions`): download MSCOCO's "
                                 f"annotations_trainval2017.zip and give annotations/captions_train2017.json, or use `generated`")
         # the runs of `adapt.family` (as Table 3's ablations): results/finetune/<task>/<family>/<model>
         family = ablation_family(params).name
         baseline, model = (run_name("encoder", P.nonempty_str(get(key), f"grounding.{key}"), family) for key in ("baseline", "model"))
+        if baseline == model:
+            raise PipelineError(f"`grounding.baseline` and `grounding.model` both name {get('model')!r}: Figure 4 compares "
+                                f"two finetuned models (the paper: baseline and xdbert)")
         for key, run in (("baseline", baseline), ("model", model)) if files else ():
             for task in tasks:
                 if not predictions(task, run).is_file():
@@ -139,7 +147,12 @@ def load_stopwords(path: str | Path | None = None) -> frozenset[str]:
     if not path.is_file():
         raise PipelineError(f"missing stopword list {path}: give a file with one word per line (`grounding.stopwords`), "
                             f"or leave it empty for the shipped NLTK English list")
-    words = [ln.strip().lower() for ln in path.read_text(encoding="utf-8").splitlines()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise PipelineError(f"stopword list {path} (`grounding.stopwords`) is not UTF-8 text: give a file with one "
+                            f"word per line") from e
+    words = [ln.strip().lower() for ln in text.splitlines()]
     words = [w for w in words if w and not w.startswith("#")]
     if not words:
         raise PipelineError(f"stopword list {path} has no words")
@@ -443,15 +456,12 @@ def generate_captions(n: int, seed: int) -> list[str]:
     def noun(n_: C.Noun | C.Person, plural: bool) -> str:
         return n_.plural if plural else n_.sing
 
-    def some(word: str, plural: bool) -> tuple[str, bool]:
-        if plural:
-            return f"{rng.choice(C.NUMBERS)} {word}", True
-        return f"{C.a(word)} {word}", False
+    def some(word: str, plural: bool) -> str:
+        return f"{rng.choice(C.NUMBERS)} {word}" if plural else f"{C.a(word)} {word}"
 
     def described(obj: C.Noun, plural: bool) -> str:
         adj = rng.choice(C.COLOURS + C.SIZES)
-        phrase, _ = some(f"{adj} {noun(obj, plural)}", plural)
-        return phrase
+        return some(f"{adj} {noun(obj, plural)}", plural)
 
     def place() -> str:
         p = rng.choice(C.PLACES)
@@ -465,7 +475,7 @@ def generate_captions(n: int, seed: int) -> list[str]:
             person = rng.choice(C.PERSONS)
             obj = rng.choice(C.OBJECTS)
             verbs = [v for v in visible if v in C.verbs_for(obj)] or visible
-            subject, _ = some(noun(person, plural), plural)
+            subject = some(noun(person, plural), plural)
             text = f"{subject} {rng.choice(verbs).ing} {described(obj, rng.random() < 0.3)} {place()}"
         elif kind == 1:  # two brown dogs running on the beach
             animal = rng.choice(C.ANIMALS)
@@ -474,7 +484,7 @@ def generate_captions(n: int, seed: int) -> list[str]:
             text = f"{described(rng.choice(things), plural)} {place()}"
         else:  # a woman sitting next to a blue umbrella
             person = rng.choice(C.PERSONS)
-            subject, _ = some(noun(person, plural), plural)
+            subject = some(noun(person, plural), plural)
             text = f"{subject} {rng.choice(C.INTRANSITIVE).ing} next to {described(rng.choice(things), False)}"
         out.append(text + ("." if rng.random() < 0.5 else ""))
     return out

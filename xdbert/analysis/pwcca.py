@@ -49,7 +49,7 @@ import numpy as np
 from xdbert import params as P
 from xdbert.errors import PipelineError
 from xdbert.model.settings import family_names
-from xdbert.paths import PRETRAIN_CLIP
+from xdbert.paths import CLIP_CONFIG, PRETRAIN_CLIP
 
 WEIGHT_VIEWS = ("x", "y", "smaller")
 CONVENTIONS = ("svcca", "whitened")
@@ -121,8 +121,8 @@ class PwccaSettings:
         clip_tower = get("clip_tower")
         if not isinstance(clip_tower, str):
             raise PipelineError(f'`pwcca.clip_tower` must be a saved CLIP tower folder, or "" for {PRETRAIN_CLIP}; got {clip_tower!r}')
-        if files and clip_tower and not (Path(clip_tower) / "clip_config.json").is_file():
-            raise PipelineError(f"`pwcca.clip_tower: {clip_tower}` is not a saved CLIP tower folder (no clip_config.json); "
+        if files and clip_tower and not (Path(clip_tower) / CLIP_CONFIG).is_file():
+            raise PipelineError(f"`pwcca.clip_tower: {clip_tower}` is not a saved CLIP tower folder (no {CLIP_CONFIG}); "
                                 f"leave it empty for the tower the adaptation starts from ({PRETRAIN_CLIP})")
         return cls(tuple(tuple(pair) for pair in pairs), families, eps, convention, weight_by, min_words_ratio, seed,
                    clip_tower)

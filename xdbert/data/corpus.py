@@ -64,10 +64,10 @@ class CorpusSettings:
                          seed=P.non_negative(get("seed"), "corpus.seed"))
         return cls(source, **(hub if source == "hub" else generated))
 
-    def load(self, cache_dir: str | None = None) -> dict[str, list[str]]:
+    def load(self) -> dict[str, list[str]]:
         """The documents per split (`load_corpus` with this source's keys)."""
         if self.source == "hub":
-            return load_corpus(self.source, hub_id=self.hub_id, hub_config=self.hub_config, cache_dir=cache_dir)
+            return load_corpus(self.source, hub_id=self.hub_id, hub_config=self.hub_config)
         return load_corpus(self.source, n_docs=self.n_docs, sentences_per_doc=self.sentences_per_doc, seed=self.seed)
 
 
@@ -177,10 +177,8 @@ def corpus_stats(docs: list[str]) -> dict[str, int]:
 
 
 def write_corpus(splits: dict[str, list[str]], out_dir: str | Path) -> dict[str, dict[str, int]]:
-    """Write `<out_dir>/{train,valid}.parquet` and `stats.json` as one atomic directory."""
-    for split in SPLITS:
-        if not splits.get(split):
-            raise PipelineError(f"the corpus has no documents in split `{split}`: check the `corpus` params (source, hub_id, hub_config, n_docs)")
+    """Write `<out_dir>/{train,valid}.parquet` and `stats.json` as one atomic directory (`load_corpus` has
+    checked that every split has documents)."""
     stats = {split: corpus_stats(splits[split]) for split in SPLITS}
     with atomic_path(out_dir, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)

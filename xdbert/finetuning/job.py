@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from xdbert import imports, io
+from xdbert import imports, io, paths
 from xdbert.data.shards import sha256_file
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.data.tokenization.vocab import check_tokenizer_folder
@@ -86,16 +86,16 @@ def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: Fin
     if model_kind == "encoder":
         encoder_head_class(model_path, spec)
     else:
-        from xdbert.model import saving  # open_clip and the cross-modal model
+        from xdbert.model import saving  # noqa: F401  (preloaded for the workers: open_clip, the cross-modal model)
 
         if model_kind == "full":
-            clip_name = io.read_json(model_path / "xdbert_config.json")["clip"]
+            clip_name = io.read_json(model_path / paths.CROSSMODAL_CONFIG)["clip"]
         else:
             import open_clip
 
             from xdbert.clip import register_configs
 
-            clip_name = io.read_json(model_path / saving.CLIP_CONFIG_FILE)["clip"]
+            clip_name = io.read_json(model_path / paths.CLIP_CONFIG)["clip"]
             register_configs()
             width = open_clip.get_model_config(clip_name)["text_cfg"]["width"]
         to_blocks, eot_id = fd.clip_block_encoder(clip_name)

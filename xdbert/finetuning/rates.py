@@ -1,4 +1,4 @@
-"""AdamW parameter groups with the optional layer-wise learning-rate decay (`finetune.layer_lr_decay`)."""
+"""AdamW parameter groups with the optional layer-wise learning-rate decay (`families.<name>.layer_lr_decay`)."""
 from __future__ import annotations
 
 import re

@@ -36,8 +36,8 @@ class ModelFolder:
 
 MODEL_FOLDERS: dict[str, ModelFolder] = {
     "encoder": ModelFolder(paths.adapted, str(paths.adapted("<family>", "<name>")), "config.json", "{}"),
-    "clip": ModelFolder(lambda family, name: paths.PRETRAIN_CLIP, str(paths.PRETRAIN_CLIP), "clip_config.json", "{}_t"),
-    "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<family>", "<name>")), "xdbert_config.json", "full_{}"),
+    "clip": ModelFolder(lambda family, name: paths.PRETRAIN_CLIP, str(paths.PRETRAIN_CLIP), paths.CLIP_CONFIG, "{}_t"),
+    "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<family>", "<name>")), paths.CROSSMODAL_CONFIG, "full_{}"),
 }
 MODEL_KINDS = tuple(MODEL_FOLDERS)   # what `finetuning.job.prepare` can finetune
 CLIP_MODEL = "clip"                  # the model name of the one `clip` run
@@ -47,12 +47,12 @@ TABLE3_PREFIX = "table3_"  # the run of a Table 1 model under Table 3's own prot
 
 
 def seed_list(section: dict, key: str, where: str) -> list[int]:
-    """`<where>.<key>`: a non-empty list of distinct integer seeds."""
+    """`<where>.<key>`: a non-empty list of distinct integer seeds, none negative (numpy refuses those)."""
     chosen = params.get(section, key, where)
     if not isinstance(chosen, list) or not chosen:
         raise PipelineError(f"`{where}.{key}` must be a non-empty list of integer seeds; got {chosen!r}")
-    if any(not isinstance(x, int) or isinstance(x, bool) for x in chosen) or len(set(chosen)) != len(chosen):
-        raise PipelineError(f"`{where}.{key}` must list distinct integers; got {chosen!r}")
+    if any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in chosen) or len(set(chosen)) != len(chosen):
+        raise PipelineError(f"`{where}.{key}` must list distinct integers >= 0; got {chosen!r}")
     return chosen
 
 

@@ -15,11 +15,10 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, Pretrained
 from xdbert import io, paths
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request, quiet_loading, source
+from xdbert.model.settings import RANDOM_PREFIX
 
 if TYPE_CHECKING:
     from xdbert.model.layers import MaskedTokenHead
-
-RANDOM_PREFIX = "random:"
 
 # Where a family's pretrained MLM head lives in its `AutoModelForMaskedLM` checkpoint:
 # (transform dense, transform LayerNorm, decoder bias). All are dense -> act -> LayerNorm -> tied decoder,
@@ -52,7 +51,7 @@ def build_language_encoder(name: str, config_overrides: dict | None = None, voca
             model, info = AutoModel.from_pretrained(source(name), output_loading_info=True)
     except (OSError, ValueError) as e:  # not a network failure: a wrong name or folder
         raise PipelineError(
-            f"cannot load language encoder `model.encoder: {name}` ({e}); use a hub id such as "
+            f"cannot load the language encoder `{name}` ({e}); use a hub id such as "
             f"bert-base-uncased, a local save_pretrained folder, or random:<model_type>"
         ) from e
     # transformers initialises weights it did not find and only logs it: an encoder that silently starts
@@ -77,8 +76,8 @@ def random_encoder_config(name: str, config_overrides: dict | None = None, vocab
         return AutoConfig.for_model(model_type, **overrides)
     except ValueError as e:
         raise PipelineError(
-            f"unknown encoder model type `{model_type}` in `model.encoder: {name}`; use random:<model_type> "
-            f"with a transformers encoder type such as bert, electra, roberta"
+            f"unknown encoder model type `{model_type}` in the encoder `{name}`; use random:<a transformers model "
+            f"type> such as random:bert or random:electra"
         ) from e
 
 

@@ -15,34 +15,31 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
+from xdbert import paths
 from xdbert.errors import PipelineError
 from xdbert.io import atomic_path, check_safetensors, read_json, write_json
 from xdbert.model.clip_tower import CLIPTextTower, clip_uses_quick_gelu
 from xdbert.model.modeling import XDBertConfig, XDBertModel
 
-CONFIG_FILE = "xdbert_config.json"
 ENCODER_CONFIG_DIR = "encoder"
 WEIGHTS_FILE = "model.safetensors"
 
-CLIP_CONFIG_FILE = "clip_config.json"   # a saved CLIP text tower: what it is ...
-CLIP_WEIGHTS_FILE = "model.safetensors"  # ... and its weights
+CLIP_WEIGHTS_FILE = "model.safetensors"  # a saved CLIP text tower's weights, beside paths.CLIP_CONFIG
 
 
-def save_clip_tower(tower: nn.Module, directory: str | Path, clip: str, clip_pretrained: str = "",
-                    clip_quick_gelu: bool | None = None) -> Path:
+def save_clip_tower(tower: nn.Module, directory: str | Path, clip: str, clip_pretrained: str = "") -> Path:
     """Write a CLIP text tower (the `pretrain_clip` stage's output, the `clip` finetuning kind's input):
     clip_config.json + model.safetensors.
 
-    `clip_quick_gelu=None` is resolved as the tower was built (from the pretrained tag), so the
-    reader rebuilds the same activation before loading the weights.
+    The config records the activation the tower was built with (from the pretrained tag), so the reader
+    rebuilds the same one before loading the weights.
     """
     from safetensors.torch import save_model
 
-    if clip_quick_gelu is None:
-        clip_quick_gelu = clip_uses_quick_gelu(clip, clip_pretrained)
+    clip_quick_gelu = clip_uses_quick_gelu(clip, clip_pretrained)
     with atomic_path(directory, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
-        write_json(tmp / CLIP_CONFIG_FILE, {"clip": clip, "clip_pretrained": clip_pretrained, "clip_quick_gelu": clip_quick_gelu})
+        write_json(tmp / paths.CLIP_CONFIG, {"clip": clip, "clip_pretrained": clip_pretrained, "clip_quick_gelu": clip_quick_gelu})
         save_model(tower, str(tmp / CLIP_WEIGHTS_FILE))
     return Path(directory)
 
@@ -52,9 +49,9 @@ def load_clip_tower(directory: str | Path) -> tuple[CLIPTextTower, dict]:
     from safetensors.torch import load_model
 
     directory = Path(directory)
-    if not (directory / CLIP_CONFIG_FILE).is_file():
-        raise PipelineError(f"{directory} is not a saved CLIP text tower (no {CLIP_CONFIG_FILE}): run `dvc repro pretrain_clip`")
-    config = read_json(directory / CLIP_CONFIG_FILE)
+    if not (directory / paths.CLIP_CONFIG).is_file():
+        raise PipelineError(f"{directory} is not a saved CLIP text tower (no {paths.CLIP_CONFIG}): run `dvc repro pretrain_clip`")
+    config = read_json(directory / paths.CLIP_CONFIG)
     check_safetensors(directory / CLIP_WEIGHTS_FILE)
     tower = CLIPTextTower.build(config["clip"], "", config.get("clip_quick_gelu"))
     load_model(tower, str(directory / CLIP_WEIGHTS_FILE), strict=True)
@@ -97,7 +94,7 @@ def save_full(model: XDBertModel, directory: str | Path) -> Path:
             state[name] = tensor.contiguous()
     with atomic_path(directory, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (tmp / paths.CROSSMODAL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         model.encoder.config.save_pretrained(tmp / ENCODER_CONFIG_DIR)
         save_file(state, str(tmp / WEIGHTS_FILE))
     return Path(directory)
@@ -108,7 +105,7 @@ def load_full(directory: str | Path, device: str | torch.device = "cpu") -> XDBe
     from safetensors.torch import load_model
 
     directory = Path(directory)
-    config = XDBertConfig.from_dict(read_json(directory / CONFIG_FILE))
+    config = XDBertConfig.from_dict(read_json(directory / paths.CROSSMODAL_CONFIG))
     read_json(directory / ENCODER_CONFIG_DIR / "config.json")  # there and valid, or a PipelineError naming it
     check_safetensors(directory / WEIGHTS_FILE)
     encoder = AutoModel.from_config(AutoConfig.from_pretrained(directory / ENCODER_CONFIG_DIR))

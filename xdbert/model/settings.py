@@ -17,14 +17,16 @@ from xdbert import params as P
 from xdbert.errors import PipelineError
 
 # The transformers config keys of `encoder_config` the profiles set, checked here. Sizes must be integers as
-# written: stages pass the mapping to transformers as it is in params.yaml. Any other key goes to the config
-# unchecked (transformers has hundreds, per model type).
+# written: stages pass the mapping to transformers as it is in params.yaml. Any other key goes to the config as
+# written; that each is a setting of the model type is checked where transformers is imported
+# (`xdbert.data.tokenization.vocab.encoder_positions`: `xdbert check`, dual_tokenize, pretrain_encoder).
 CONFIG_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings",
                 "embedding_size")  # ELECTRA's embedding width
 CONFIG_FRACTIONS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 
 
 SIZES = ("base", "large")   # Table 5's columns of learning rates
+RANDOM_PREFIX = "random:"   # an encoder named random:<model_type> starts from random weights, not a checkpoint
 FAMILY_KEYS = ("label", "size", "layer_lr_decay", "encoder", "encoder_config")
 
 

@@ -85,14 +85,13 @@ class Replicates:
     source: str               # the predictions file, for errors
 
 
-def bootstrap_replicates(preds: pd.DataFrame, task: TaskSpec, n_boot: int, seed: int = 0, split: str | None = None) -> Replicates:
+def bootstrap_replicates(preds: pd.DataFrame, task: TaskSpec, n_boot: int, seed: int = 0) -> Replicates:
     """The median-over-seeds metric on `n_boot` resamples of the dev examples drawn from `seed`.
 
     Every model of a task is resampled with the same seed over the same sorted examples, so two
     models' replicates are paired: a table computes each model's replicates once and compares any two.
     """
-    split = split or task.dev_splits[0]
-    rows = preds[preds["split"] == split]
+    rows = preds[preds["split"] == task.dev_splits[0]]
     table = rows.pivot(index="idx", columns="seed", values="prediction").sort_index()
     labels = rows.drop_duplicates("idx").set_index("idx").sort_index()["label"].to_numpy()
     columns = [table[s].to_numpy() for s in table.columns]

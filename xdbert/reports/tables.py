@@ -20,7 +20,7 @@ import pandas as pd
 from xdbert import io, paths
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.finetuning.runs import CLIP_MODEL, Study, run_name
-from xdbert.model.settings import Family
+from xdbert.model.settings import RANDOM_PREFIX, Family
 from xdbert.params import BASELINE, PROPOSED
 from xdbert.reports.aggregate import Cell, Replicates, bootstrap_replicates, cell, compare, read_predictions
 from xdbert.reports.header import header
@@ -29,7 +29,7 @@ from xdbert.reports.settings import CLIP_ROW, AggregateSettings
 COLUMN = {"rte": "RTE", "mrpc": "MRPC", "stsb": "STSB", "cola": "CoLA", "sst2": "SST2", "qnli": "QNLI",
           "qqp": "QQP", "mnli": "MNLI", "swag": "SWAG", "read": "READ"}
 
-# The paper's numbers (PAPER.md), shown in the paper profile under our row of the same name.
+# The paper's Table 1, shown in the paper profile under our row of the same name.
 PAPER_TABLE1 = {
     "CLIP-T": {"rte": 51.62, "mrpc": 76.20, "stsb": 22.07, "cola": 25.41},
     "BERT-b": {"rte": 66.43, "mrpc": 87.38, "stsb": 88.64, "cola": 56.52, "sst2": 92.46, "qnli": 90.92, "qqp": 89.51, "mnli": 84.35, "swag": 81.0},
@@ -174,7 +174,7 @@ def footnotes(n_boot: int) -> str:
 def models_line(s: AggregateSettings) -> str:
     """The header's `models:` line: each family's encoder and the CLIP tower, and where their weights come from."""
     encoders = [f"{f.label} `{s.encoders[name]}`"
-                + (f" (pretrained on the corpus by `pretrain_encoder@{name}`)" if s.encoders[name].startswith("random:") else "")
+                + (f" (pretrained on the corpus by `pretrain_encoder@{name}`)" if s.encoders[name].startswith(RANDOM_PREFIX) else "")
                 for name, f in s.families.items()]
     clip_origin = s.clip_pretrained or (f"random init + {s.clip_steps} steps of next-token prediction on the corpus"
                                         if s.clip_steps else "random init")

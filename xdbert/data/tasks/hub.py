@@ -158,12 +158,11 @@ def load_read(path_or_id: str, dev_fraction: float = 0.1, seed: int = 0, cache_d
 
 
 def load_hub_task(task: str, *, glue_hub_id: str = "nyu-mll/glue", swag_hub_id: str = "allenai/swag",
-                  read_path: str = "", read_dev_fraction: float = 0.1, seed: int = 0,
-                  cache_dir: str | None = None) -> dict[str, pa.Table]:
+                  read_path: str = "", read_dev_fraction: float = 0.1, seed: int = 0) -> dict[str, pa.Table]:
     """Any of the ten tasks from its real source."""
     get_task(task)
     if task == "swag":
-        return load_swag(swag_hub_id, cache_dir)
+        return load_swag(swag_hub_id)
     if task == "read":
-        return load_read(read_path, read_dev_fraction, seed, cache_dir)
-    return load_glue(task, glue_hub_id, cache_dir)
+        return load_read(read_path, read_dev_fraction, seed)
+    return load_glue(task, glue_hub_id)

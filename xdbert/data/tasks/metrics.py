@@ -1,6 +1,6 @@
 """Task metrics, computed with scikit-learn and scipy (never by hand).
 
-Headline metrics follow the project's GLUE decision (PAPER.md): RTE/SST-2/QNLI/MNLI/QQP/SWAG accuracy,
+Headline metrics are the ones the paper's tables report: RTE/SST-2/QNLI/MNLI/QQP/SWAG accuracy,
 MRPC F1 (positive class = equivalent), STS-B Spearman, CoLA Matthews correlation, READ RMSE (lower is
 better). MNLI is scored once per dev split: call `compute_metrics("mnli", ...)` for matched and for
 mismatched. Pearson/Spearman of a constant prediction are undefined and come back as NaN (scipy's
@@ -122,8 +122,3 @@ def resampled_metric(task: str, name: str, predictions: np.ndarray, labels: np.n
         if name == "rmse":
             return np.sqrt(mean_squared_error(y.T, p.T, multioutput="raw_values"))
     raise ValueError(f"unknown metric {name}")
-
-
-def headline(task: str, metrics: dict[str, float]) -> float:
-    """The Table 1 number of `task` from a `compute_metrics` result."""
-    return metrics[get_task(task).metric]

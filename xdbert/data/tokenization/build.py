@@ -19,12 +19,13 @@ from xdbert.data.shards import ShardWriter, build_manifest, open_shards
 from xdbert.data.tokenization.cleaning import clean_text
 from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
 from xdbert.data.tokenization.pool import DualPool, clean_docs
-from xdbert.data.tokenization.vocab import (clip_vocab_hash, encoder_positions, load_encoder_tokenizer,
-                                            train_wordpiece, vocab_hash)
+from xdbert.data.tokenization.vocab import (check_positions, clip_vocab_hash, encoder_positions,
+                                            load_encoder_tokenizer, train_wordpiece, vocab_hash)
 from xdbert.data.tokenization.windows import (CLIP_CONTENT, CLIP_CONTEXT, Layout, Windows, alignment_problem,
                                               clip_blocks, clip_content)
 from xdbert.errors import PipelineError
 from xdbert.io import atomic_path, read_parquet, write_json
+from xdbert.model.settings import RANDOM_PREFIX
 
 MIN_MAX_LEN = 8
 INT16_MAX = 2**15 - 1  # bert_len and the alignment are stored as int16
@@ -65,11 +66,6 @@ class Settings:
             validate_windows=validate,
             workers=P.positive(get("workers"), "tokenize.workers"),
         )
-
-
-def check_max_len(settings: Settings, positions: int | None, encoder: str) -> None:
-    if positions is not None and settings.max_len > positions:
-        raise PipelineError(f"`tokenize.max_len` = {settings.max_len} is above the {positions} positions of `model.encoder: {encoder}`; use at most {positions}")
 
 
 def corpus_paths(corpus_dir: str | Path) -> dict[str, Path]:
@@ -114,9 +110,9 @@ class Inputs:
 
         check_name(clip)
         corpus_paths(corpus_dir)
-        tokenizer = None if encoder.startswith("random:") else load_encoder_tokenizer(encoder)
+        tokenizer = None if encoder.startswith(RANDOM_PREFIX) else load_encoder_tokenizer(encoder)
         positions = encoder_positions(encoder, model.get("encoder_config"), tokenizer)
-        check_max_len(settings, positions, encoder)
+        check_positions("tokenize.max_len", settings.max_len, positions, encoder)
         return cls(encoder=encoder, clip_name=clip, settings=settings, positions=positions, encoder_tokenizer=tokenizer)
 
 
@@ -163,7 +159,7 @@ def build(*, corpus_dir: str | Path, shard_dir: str | Path, tokenizer_dir: str |
     with atomic_path(tokenizer_dir, is_dir=True) as tok_tmp, atomic_path(shard_dir, is_dir=True) as shard_tmp:
         cleaned: dict[str, list[str]] = {}
         t_clean = 0.0
-        if encoder.startswith("random:"):
+        if encoder.startswith(RANDOM_PREFIX):
             t0 = time.perf_counter()
             cleaned["train"] = clean_docs(raw["train"], settings.workers)
             t_clean = time.perf_counter() - t0

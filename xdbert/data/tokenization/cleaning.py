@@ -131,10 +131,3 @@ def clean_text(text: str) -> str:
             return out  # ftfy's output with only its whitespace collapsed: the usual single pass
         text = out  # an entity or a special string went away: what it left behind gets cleaned too
     return text
-
-
-def clip_reference_clean(text: str) -> str:
-    """What open_clip's SimpleTokenizer does to its input before splitting (lowercasing aside)."""
-    from open_clip.tokenizer import _clean_whitespace
-
-    return _clean_whitespace(text)

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request, source
+from xdbert.model.settings import RANDOM_PREFIX
 
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # the trained vocabulary's ids 0..4
 _MARK = 0xF0000  # plane-15 private use: where a word's non-initial characters go during training
@@ -100,16 +101,16 @@ def load_encoder_tokenizer(name: str):
     from transformers import AutoTokenizer
 
     check_tokenizer_folder(name)
-    tok = _from_hub(lambda n: AutoTokenizer.from_pretrained(source(n)), name, f"the tokenizer of `model.encoder: {name}`")
+    tok = _from_hub(lambda n: AutoTokenizer.from_pretrained(source(n)), name, f"the tokenizer of the encoder `{name}`")
     if getattr(tok, "backend_tokenizer", None) is None:
-        raise PipelineError(f"the tokenizer of `model.encoder: {name}` has no fast (Rust) backend; the pipeline needs one")
+        raise PipelineError(f"the tokenizer of the encoder `{name}` has no fast (Rust) backend; the pipeline needs one")
     return tok
 
 
 def check_shared_vocabulary(encoder: str, family: str, tokenizer_dir) -> None:
     """A family's pretrained encoder reads the token shards, which `model.encoder`'s tokenizer wrote: the two
     vocabularies must be the same (BERT-uncased's and ELECTRA's are), id for id."""
-    if encoder.startswith("random:"):
+    if encoder.startswith(RANDOM_PREFIX):
         return  # built on the trained vocabulary itself
     own = load_encoder_tokenizer(encoder).get_vocab()
     shards = load_encoder_tokenizer(str(tokenizer_dir)).get_vocab()
@@ -133,26 +134,43 @@ def clip_vocab_hash(simple_tokenizer) -> str:
     return h.hexdigest()
 
 
+def check_positions(key: str, max_len: int, positions: int | None, encoder: str) -> None:
+    """Param `key`, a sequence length, fits the `positions` of encoder `encoder` (None: nothing states a limit)."""
+    if positions is not None and max_len > positions:
+        raise PipelineError(f"`{key}` = {max_len} is above the {positions} positions of the encoder `{encoder}`; use at "
+                            f"most {positions}")
+
+
 def encoder_positions(encoder: str, encoder_config: dict | None = None, tokenizer=None) -> int | None:
     """How many positions the language encoder has (the upper bound of `tokenize.max_len`).
 
-    `random:<model_type>`: `encoder_config.max_position_embeddings`, else the model type's default.
-    Pretrained: its config's max_position_embeddings (a folder without config.json: the tokenizer's
-    `model_max_length`). None when nothing states a limit.
+    `random:<model_type>`: `encoder_config.max_position_embeddings`, else the model type's default; every key
+    of `encoder_config` must be a setting of the model type's config (transformers would keep a misspelled
+    one as a stray attribute and build the default). Pretrained: its config's max_position_embeddings (a
+    folder without config.json: the tokenizer's `model_max_length`). None when nothing states a limit.
     """
-    if encoder.startswith("random:"):
+    if encoder.startswith(RANDOM_PREFIX):
+        import difflib
+
         from transformers import CONFIG_MAPPING
 
         model_type = encoder.split(":", 1)[1]
         if model_type not in CONFIG_MAPPING:
-            raise PipelineError(f"unknown model type in `model.encoder: {encoder}`; use random:<a transformers model type> such as random:bert or random:electra")
+            raise PipelineError(f"unknown encoder model type `{model_type}` in the encoder `{encoder}`; use random:<a "
+                                f"transformers model type> such as random:bert or random:electra")
+        default = CONFIG_MAPPING[model_type]()
+        for key in encoder_config or {}:
+            if not hasattr(default, key):
+                close = difflib.get_close_matches(key, list(default.to_dict()), n=1)
+                raise PipelineError(f"`{key}` in the encoder_config of `{encoder}` is not a setting of transformers' "
+                                    f"{type(default).__name__}" + (f" (did you mean `{close[0]}`?)" if close else ""))
         n = (encoder_config or {}).get("max_position_embeddings")
-        return int(n) if n else getattr(CONFIG_MAPPING[model_type](), "max_position_embeddings", None)
+        return int(n) if n else getattr(default, "max_position_embeddings", None)
     limits = []
     if not Path(encoder).is_dir() or (Path(encoder) / "config.json").is_file():
         from transformers import AutoConfig
 
-        config = _from_hub(lambda n: AutoConfig.from_pretrained(source(n)), encoder, f"the config of `model.encoder: {encoder}`")
+        config = _from_hub(lambda n: AutoConfig.from_pretrained(source(n)), encoder, f"the config of the encoder `{encoder}`")
         if getattr(config, "max_position_embeddings", None):
             limits.append(int(config.max_position_embeddings))
     if tokenizer is not None and 0 < getattr(tokenizer, "model_max_length", 0) < 10**9:

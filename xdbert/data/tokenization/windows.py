@@ -6,7 +6,7 @@
   [CLS] tokens [SEP] padded with [PAD]. A word longer than a whole window is skipped and counted.
 * **CLIP blocks**. The window text's CLIP content tokens fill `n_blocks` blocks of 75: each used
   block is [SOT] content [EOT] then zeros up to 77; an unused block is all zeros. Id 0 is a real
-  token ("!"), so validity comes from the [EOT] position (`clip_attention_mask`), never from
+  token ("!"), so validity comes from the [EOT] position (`xdbert.clip.clip_block_mask`), never from
   `id == 0`. Content beyond n_blocks x 75 tokens is cut and the window counted as overflow.
 * **Alignment**. For BERT position p, `[align_start, align_end)` is the flat CLIP position range
   (flat = block * 77 + position in block) of the CLIP tokens whose character spans overlap the BERT
@@ -81,26 +81,15 @@ def clip_blocks(content: Sequence[int] | np.ndarray, layout: Layout) -> tuple[np
     return row, kept
 
 
-def clip_attention_mask(clip_ids: np.ndarray, eot_id: int, n_blocks: int | None = None) -> np.ndarray:
-    """Valid positions of CLIP blocks: (..., n_blocks*77) ids -> (..., n_blocks, 77) bool.
-
-    Convention: a used block is [SOT] content [EOT] then zeros, an unused block is all zeros. Id 0 is
-    the real token "!", so a position is valid when it is at or before its block's [EOT], and a block
-    without [EOT] is unused (all False). The cleaned text has no `<end_of_text>`, so content never
-    holds an [EOT]. Same convention as `xdbert.clip.clip_block_mask` (torch).
-    """
-    ids = np.asarray(clip_ids)
-    n_blocks = n_blocks or ids.shape[-1] // CLIP_CONTEXT
-    blocks = ids.reshape(*ids.shape[:-1], n_blocks, CLIP_CONTEXT)
-    is_eot = blocks == eot_id
-    eot_pos = is_eot.argmax(axis=-1)[..., None]
-    return (np.arange(CLIP_CONTEXT) <= eot_pos) & is_eot.any(axis=-1, keepdims=True)
-
-
 def clip_content(row: np.ndarray, eot_id: int) -> list[int]:
-    """The content ids of one window's CLIP blocks, in order, without [SOT]/[EOT]/padding."""
-    mask = clip_attention_mask(row, eot_id)
-    blocks = np.asarray(row).reshape(mask.shape)
+    """The content ids of one window's CLIP blocks, in order, without [SOT]/[EOT]/padding (the cleaned text
+    has no `<end_of_text>`, so content never holds an [EOT])."""
+    import torch  # here, not at the top: only the checks read a row back, and the rest of this module is numpy
+
+    from xdbert.clip import clip_block_mask
+
+    blocks = np.asarray(row, dtype=np.int64).reshape(-1, CLIP_CONTEXT)
+    mask = clip_block_mask(torch.from_numpy(blocks), eot_id).numpy()
     out: list[int] = []
     for b in range(blocks.shape[0]):
         n = int(mask[b].sum())
