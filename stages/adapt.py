@@ -6,7 +6,8 @@ of one encoder family on the token shards.
 VARIANT is `xdbert` (the proposed setting, every family), `baseline` (MLM only, every family) or a key of
 `adapt.variants` (Table 3's ablations, on `adapt.family` only). Writes models/adapted/<family>/<variant>
 (the language encoder alone, a plain `save_pretrained` folder), models/crossmodal/<family>/<variant> (the
-whole cross-modal model; not for the baseline, which has none) and metrics/adapt/<family>/<variant>.json.
+whole cross-modal model; not for the baseline, which has none) and metrics/adapt/<family>/<variant>.json (the
+held-out metrics, and the parameters of each part of the model it built: Table 6's counts).
 Checkpoints go to checkpoints/adapt/<family>/<variant>.pt, outside DVC's outputs, so a killed run resumes.
 On a machine with several GPUs it runs once per GPU (xdbert.adaptation.launch); the main process
 alone writes the outputs and removes the checkpoint.
@@ -59,6 +60,7 @@ def main() -> None:
     from xdbert.clip import clip_special_ids
     from xdbert.data.tokenization.vocab import check_shared_vocabulary
     from xdbert.model.build import build_xdbert
+    from xdbert.model.modeling import PARTS, count_parameters
     from xdbert.model.saving import save_adapted, save_full
 
     shards.check_matches(manifest, tokenizer_dir=paths.TOKENIZER, clip_name=model.clip)
@@ -98,7 +100,8 @@ def main() -> None:
         save_full(xdbert, paths.crossmodal(family, variant))
     runlog.write_metrics(paths.ADAPT_METRICS / family / f"{variant}.json",
                          {"family": family, "variant": variant, "encoder": model.encoder, "profile": p["profile"],
-                          "mlm_head": xdbert.mlm_head_source, **metrics}, stage)
+                          "mlm_head": xdbert.mlm_head_source, **metrics,
+                          "parameters": {part: count_parameters(xdbert, part) for part in PARTS}}, stage)
     checkpoint.unlink(missing_ok=True)  # the outputs are complete; the checkpoint has done its job
     print(f"{stage}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("valid_")))
 

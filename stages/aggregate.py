@@ -1,9 +1,10 @@
-"""Stage `aggregate`: medians over seeds into reports/table1.md, table3.md and table8.md.
+"""Stage `aggregate`: medians over seeds into reports/table1.md, table3.md and table8.md; reports/table6.md.
 
 Reads every finetune run's dev predictions (results/finetune/<task>/<run>/predictions.parquet; runs are
 `<family>/<model>` for the adapted encoders, `<family>/full_<model>` for a family's whole cross-modal model
 and `clip_t` for CLIP's tower alone) and the adaptation metrics (metrics/adapt/<family>/<variant>.json):
-Table 3's variants of `adapt.family`, and the MLM head each family's `xdbert` adaptation started from.
+Table 3's variants of `adapt.family`, and the MLM head each family's `xdbert` adaptation started from and the
+parameters of the model it built (Table 6).
 Tables 1 and 8 have rows for every family of `families`, each Δ against that family's own baseline.
 """
 from xdbert import io, params, paths
@@ -15,15 +16,18 @@ def main() -> None:
 
     settings = AggregateSettings.from_params(params.load())
 
-    from xdbert.reports.tables import render, results_csv, tables_metrics  # pandas, scikit-learn: after the checks
+    # pandas, scikit-learn: after the checks
+    from xdbert.reports.parameters import table6
+    from xdbert.reports.tables import render, results_csv, tables_metrics
 
     reports, results = render(settings, paths.FINETUNE, paths.ADAPT_METRICS)
+    reports["table6"] = table6(settings, paths.ADAPT_METRICS)
     for name, text in reports.items():
         io.write_text(paths.report(name), text)
     io.write_json(paths.AGGREGATE_JSON, results)
     io.write_text(paths.AGGREGATE_CSV, results_csv(results))
     io.write_json(paths.TABLES_METRICS, tables_metrics(results))
-    print("aggregate: wrote reports/table1.md, table3.md, table8.md")
+    print("aggregate: wrote reports/table1.md, table3.md, table6.md, table8.md")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ import pytest
 from xdbert import io
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
-from xdbert.model.settings import Family
 from xdbert.profiles import values
 from xdbert.reports.aggregate import bootstrap_replicates, compare, read_predictions
 from xdbert.reports.settings import AggregateSettings
@@ -100,6 +99,11 @@ CORRECT = {
              "electra/baseline": 60, "electra/xdbert": 70, "electra/full_xdbert": 62},
 }
 MLM_HEADS = {"bert": "pretrained:bert-base-uncased", "electra": "random"}
+# What `count_parameters` gives for BERT-base and ELECTRA-base (no pooler) joined to ViT-B-32's text tower
+CLIP_PARAMETERS, CROSS_PARAMETERS = 63_428_097, 2 * 14_574_336
+PARAMETERS = {family: {"encoder": n, "clip": CLIP_PARAMETERS, "cross": CROSS_PARAMETERS, "heads": 1_000,
+                       "backbone": n + CLIP_PARAMETERS + CROSS_PARAMETERS, "all": n + CLIP_PARAMETERS + CROSS_PARAMETERS + 1_000}
+              for family, n in (("bert", 109_482_240), ("electra", 108_891_648))}
 ADAPT_METRICS = {"steps": 10, "valid_mlm_accuracy": 0.3, "valid_mlm_perplexity": 50.0}
 
 
@@ -128,7 +132,8 @@ def outputs(tmp_path):
             path.parent.mkdir(parents=True)
             io.write_parquet(pa.Table.from_pandas(predictions(np.arange(N) < n), preserve_index=False), path)
     for family, head in MLM_HEADS.items():
-        io.write_json(adapt / family / "xdbert.json", {"family": family, "mlm_head": head, **ADAPT_METRICS})
+        io.write_json(adapt / family / "xdbert.json", {"family": family, "mlm_head": head, **ADAPT_METRICS,
+                                                        "parameters": PARAMETERS[family]})
     for variant in ("baseline", "mlm"):
         io.write_json(adapt / "bert" / f"{variant}.json", {"family": "bert", **ADAPT_METRICS})
     return finetune, adapt
@@ -209,12 +214,27 @@ def test_paper_rows_sit_under_the_rows_they_belong_to(outputs):
     assert "| *paper: MLM* | *68.23* |" in reports["table3"].splitlines()
 
 
-def test_mlm_head_note_says_unknown_where_the_metrics_predate_the_key():
-    from xdbert.reports.tables import mlm_head_note
+def test_table6_counts_what_the_adaptations_built_beside_the_paper(outputs):
+    from xdbert.reports.parameters import table6
 
-    electra_l = Family("electra-l", "ELECTRA-l", "large", 0.9)
-    assert mlm_head_note({electra_l: None}).splitlines()[-1] == \
-        "- ELECTRA-l: unknown (its adaptation metrics predate the `mlm_head` key)"
+    paper = table6(AggregateSettings.from_params(two_families("paper")), outputs[1])
+    lines = paper.splitlines()
+    assert "| BERT-b | 109,482,240 | 109,482,240 | - | - | 109,482,240 | +0 |" in lines
+    assert "| XBERT-b | 202,059,009 | 109,482,240 | 63,428,097 | 29,148,672 | 202,059,009 | +0 |" in lines
+    # HF's ELECTRA has no pooler: counted as it is, and the difference explained
+    assert "| ELECTRA-b | 108,891,648 | 108,891,648 | - | - | 109,482,240 | -590,592 |" in lines
+    assert "| XELECTRA-b | 201,468,417 | 108,891,648 | 63,428,097 | 29,148,672 | 202,059,009 | -590,592 |" in lines
+    assert "`ElectraModel` has no pooler" in paper and "- seeds:" not in paper
+    assert "they add 1,000 to XBERT-b, 1,000 to XELECTRA-b" in paper
+
+    embedded = table6(AggregateSettings.from_params(two_families()), outputs[1])
+    assert "| BERT-b | 109,482,240 | 109,482,240 | - | - |" in embedded.splitlines()
+    assert "paper (Table 6)" not in embedded and "no pooler" not in embedded
+
+    metrics = outputs[1] / "electra" / "xdbert.json"
+    io.write_json(metrics, {k: v for k, v in io.read_json(metrics).items() if k != "parameters"})
+    with pytest.raises(PipelineError, match=r"electra/xdbert.json has no `parameters`: rerun `dvc repro adapt@electra`"):
+        table6(AggregateSettings.from_params(two_families()), outputs[1])
 
 
 def test_labels_that_make_the_same_row_twice_are_refused():

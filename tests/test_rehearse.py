@@ -154,7 +154,8 @@ def test_the_untouched_paper_profile_runs_end_to_end_offline(tmp_path):
     done = subprocess.run(["xdbert", "rehearse", "--sizes", "tiny", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert f"reports in {out / 'reports'} (random weights on a few examples" in done.stdout
-    for report in ("table1.md", "table2.md", "table3.md", "table8.md", "figure4.md", "figure4.png", "attention.md"):
+    for report in ("table1.md", "table2.md", "table3.md", "table6.md", "table8.md", "figure4.md", "figure4.png",
+                   "attention.md"):
         assert str(out / "reports" / report) in done.stdout
     table1 = (out / "reports/table1.md").read_text()
     rows = [line.split(" | ")[0][2:] for line in table1.splitlines() if line.startswith("| ")]
@@ -164,6 +165,9 @@ def test_the_untouched_paper_profile_runs_end_to_end_offline(tmp_path):
     assert all(f"*paper: {row}*" in rows for row in ours)
     table8 = (out / "reports/table8.md").read_text()
     assert all(f"| {row} | " in table8 for row in ("XBERT-b", "XELECTRA-b", "XELECTRA-l"))
+    table6 = (out / "reports/table6.md").read_text()  # tiny configs under the paper's ids: counted, beside the paper's
+    assert all(f"| {row} | " in table6 for row in ("BERT-b", "XBERT-b", "ELECTRA-b", "XELECTRA-b", "ELECTRA-l", "XELECTRA-l"))
+    assert "| 442,671,617 |" in table6
     table2 = (out / "reports/table2.md").read_text()
     assert "BERT-b" in table2 and "ELECTRA-b" in table2
     assert "wiki (14G)" in (out / "reports/table3.md").read_text()

@@ -84,6 +84,6 @@ def crossmodal(family: str, variant: str) -> Path:
 
 
 def report(name: str) -> Path:
-    """reports/<name>.md: table1, table2, table3, table8, figure4, attention."""
+    """reports/<name>.md: table1, table2, table3, table6, table8, figure4, attention."""
     return REPORTS / f"{name}.md"
 

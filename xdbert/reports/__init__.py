@@ -4,4 +4,5 @@
     aggregate.py  seed statistics: a table cell per (model, task), the paired bootstrap against the baseline
     settings.py   `AggregateSettings`: what the `aggregate` stage reads of params.yaml
     tables.py     Tables 1, 3 and 8 as markdown (beside the paper's numbers) and as data
+    parameters.py Table 6: the parameters of the models the adaptations built
 """

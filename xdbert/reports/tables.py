@@ -19,6 +19,7 @@ import pandas as pd
 
 from xdbert import io, paths
 from xdbert.data.tasks.registry import TaskSpec
+from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import CLIP_MODEL, Study, run_name
 from xdbert.model.settings import RANDOM_PREFIX, Family
 from xdbert.params import BASELINE, PROPOSED
@@ -149,13 +150,20 @@ def adaptation_table(metrics: dict[str, dict], family: str) -> str:
             "sampled windows, what a model that learned nothing scores.\n")
 
 
-def mlm_head_note(heads: dict[Family, str | None]) -> str:
-    """How each family's MLM head started its adaptation (`mlm_head` of metrics/adapt/<family>/xdbert.json; None:
-    metrics written before the key): a random head sends large random gradients into the encoder at first, so
-    a family that starts from one is not on the same footing as one that starts from its checkpoint's head."""
-    def how(source: str | None) -> str:
-        if source is None:
-            return "unknown (its adaptation metrics predate the `mlm_head` key)"
+def proposed_metric(adapt_metrics_dir: Path, family: str, key: str):
+    """`key` of metrics/adapt/<family>/xdbert.json, which the family's `adapt@<family>` stage writes."""
+    source = Path(adapt_metrics_dir) / family / f"{PROPOSED}.json"
+    metrics = io.read_json(source)
+    if key not in metrics:
+        raise PipelineError(f"{source} has no `{key}`: rerun `dvc repro adapt@{family}`")
+    return metrics[key]
+
+
+def mlm_head_note(heads: dict[Family, str]) -> str:
+    """How each family's MLM head started its adaptation (`mlm_head` of metrics/adapt/<family>/xdbert.json): a
+    random head sends large random gradients into the encoder at first, so a family that starts from one is not
+    on the same footing as one that starts from its checkpoint's head."""
+    def how(source: str) -> str:
         if source.startswith("pretrained:"):
             return f"copied from the pretrained MLM head of `{source.removeprefix('pretrained:')}`"
         return ("random: its checkpoint ships no MLM head (as ELECTRA discriminators: theirs is the separate "
@@ -292,7 +300,7 @@ def render(s: AggregateSettings, finetune_dir: Path, adapt_metrics_dir: Path) ->
     variants = study.table3_runs()
     table3 = {BASELINE: variants.pop(BASELINE, run_name("encoder", BASELINE, ablated.name)), **variants}
     adapted = {v: io.read_json(Path(adapt_metrics_dir) / ablated.name / f"{v}.json") for v in table3}
-    heads = {f: io.read_json(Path(adapt_metrics_dir) / f.name / f"{PROPOSED}.json").get("mlm_head") for f in fams}
+    heads = {f: proposed_metric(adapt_metrics_dir, f.name, "mlm_head") for f in fams}
 
     tables = _Tables(s, finetune_dir)
     rendered = {
