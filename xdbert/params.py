@@ -114,11 +114,11 @@ def _closest(word: str, known, prefix: str = "") -> str:
 
 
 def section(params: dict, name: str) -> dict:
-    if name in params and not isinstance(params[name], dict):
-        raise PipelineError(f"section `{name}` of params.yaml must map its keys to values; got {type(params[name]).__name__}: "
-                            f"compare with xdbert/profiles/embedded.yaml (the defaults)")
     if name not in params:
         raise PipelineError(f"params.yaml has no section `{name}`; compare with xdbert/profiles/embedded.yaml (the defaults)")
+    if not isinstance(params[name], dict):
+        raise PipelineError(f"section `{name}` of params.yaml must map its keys to values; got {type(params[name]).__name__}: "
+                            f"compare with xdbert/profiles/embedded.yaml (the defaults)")
     return params[name]
 
 

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, Pretrained
 from xdbert import io, paths
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request, quiet_loading, source
-from xdbert.model.settings import RANDOM_PREFIX
+from xdbert.model.settings import RANDOM_PREFIX, random_default_config
 
 if TYPE_CHECKING:
     from xdbert.model.layers import MaskedTokenHead
@@ -68,17 +68,11 @@ def build_language_encoder(name: str, config_overrides: dict | None = None, voca
 
 def random_encoder_config(name: str, config_overrides: dict | None = None, vocab_size: int | None = None) -> PretrainedConfig:
     """The transformers config of `random:<model_type>` with the overrides and the trained vocabulary's size."""
-    model_type = name[len(RANDOM_PREFIX):]
+    random_default_config(name, config_overrides)
     overrides = dict(config_overrides or {})
     if vocab_size is not None:
         overrides["vocab_size"] = int(vocab_size)
-    try:
-        return AutoConfig.for_model(model_type, **overrides)
-    except ValueError as e:
-        raise PipelineError(
-            f"unknown encoder model type `{model_type}` in the encoder `{name}`; use random:<a transformers model "
-            f"type> such as random:bert or random:electra"
-        ) from e
+    return AutoConfig.for_model(name[len(RANDOM_PREFIX):], **overrides)
 
 
 def build_masked_lm(name: str, config_overrides: dict | None = None, vocab_size: int | None = None) -> PreTrainedModel:

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request, source
-from xdbert.model.settings import RANDOM_PREFIX
+from xdbert.model.settings import RANDOM_PREFIX, random_default_config
 
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # the trained vocabulary's ids 0..4
 _MARK = 0xF0000  # plane-15 private use: where a word's non-initial characters go during training
@@ -144,26 +144,12 @@ def check_positions(key: str, max_len: int, positions: int | None, encoder: str)
 def encoder_positions(encoder: str, encoder_config: dict | None = None, tokenizer=None) -> int | None:
     """How many positions the language encoder has (the upper bound of `tokenize.max_len`).
 
-    `random:<model_type>`: `encoder_config.max_position_embeddings`, else the model type's default; every key
-    of `encoder_config` must be a setting of the model type's config (transformers would keep a misspelled
-    one as a stray attribute and build the default). Pretrained: its config's max_position_embeddings (a
+    `random:<model_type>`: `encoder_config.max_position_embeddings`, else the model type's default (both
+    checked by `random_default_config`). Pretrained: its config's max_position_embeddings (a
     folder without config.json: the tokenizer's `model_max_length`). None when nothing states a limit.
     """
     if encoder.startswith(RANDOM_PREFIX):
-        import difflib
-
-        from transformers import CONFIG_MAPPING
-
-        model_type = encoder.split(":", 1)[1]
-        if model_type not in CONFIG_MAPPING:
-            raise PipelineError(f"unknown encoder model type `{model_type}` in the encoder `{encoder}`; use random:<a "
-                                f"transformers model type> such as random:bert or random:electra")
-        default = CONFIG_MAPPING[model_type]()
-        for key in encoder_config or {}:
-            if not hasattr(default, key):
-                close = difflib.get_close_matches(key, list(default.to_dict()), n=1)
-                raise PipelineError(f"`{key}` in the encoder_config of `{encoder}` is not a setting of transformers' "
-                                    f"{type(default).__name__}" + (f" (did you mean `{close[0]}`?)" if close else ""))
+        default = random_default_config(encoder, encoder_config)
         n = (encoder_config or {}).get("max_position_embeddings")
         return int(n) if n else getattr(default, "max_position_embeddings", None)
     limits = []
