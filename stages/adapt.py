@@ -23,18 +23,24 @@ from xdbert.model.settings import ModelSettings, ablation_family
 from xdbert.stage import run
 
 
-def main() -> None:
-    if len(sys.argv) != 3:
-        raise PipelineError("usage: python stages/adapt.py FAMILY VARIANT (a key of `families`; xdbert, baseline or a "
-                            "key of adapt.variants)")
-    family, variant = sys.argv[1:]
-    p = params.load()
+def read(p: dict, family: str, variant: str) -> tuple[str, ModelSettings, AdaptSettings]:
+    """(profile, model, settings): every param this stage reads, checked; tools/dvc_yaml.py records them for its
+    `params:` in dvc.yaml."""
     model = ModelSettings.from_params(p, family)
     settings = AdaptSettings.from_params(p, variant)
     ablated = ablation_family(p).name
     if variant not in (params.PROPOSED, params.BASELINE) and family != ablated:
         raise PipelineError(f"the ablation variant {variant!r} is adapted on `adapt.family` ({ablated}) only; "
                             f"family {family!r} has {params.PROPOSED} and {params.BASELINE}")
+    return p["profile"], model, settings
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        raise PipelineError("usage: python stages/adapt.py FAMILY VARIANT (a key of `families`; xdbert, baseline or a "
+                            "key of adapt.variants)")
+    family, variant = sys.argv[1:]
+    profile, model, settings = read(params.load(), family, variant)
     name = f"{family}/{variant}"
     stage = {params.PROPOSED: f"adapt@{family}", params.BASELINE: f"adapt_baseline@{family}"}.get(variant, f"ablate@{variant}")
 
@@ -99,7 +105,7 @@ def main() -> None:
     if variant != params.BASELINE:
         save_full(xdbert, paths.crossmodal(family, variant))
     runlog.write_metrics(paths.ADAPT_METRICS / family / f"{variant}.json",
-                         {"family": family, "variant": variant, "encoder": model.encoder, "profile": p["profile"],
+                         {"family": family, "variant": variant, "encoder": model.encoder, "profile": profile,
                           "mlm_head": xdbert.mlm_head_source, **metrics,
                           "parameters": {part: count_parameters(xdbert, part) for part in PARTS}}, stage)
     checkpoint.unlink(missing_ok=True)  # the outputs are complete; the checkpoint has done its job

@@ -11,10 +11,15 @@ from xdbert import io, params, paths
 from xdbert.stage import run
 
 
-def main() -> None:
+def read(p: dict):
+    """Every param this stage reads, checked; tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
     from xdbert.reports.settings import AggregateSettings
 
-    settings = AggregateSettings.from_params(params.load())
+    return AggregateSettings.from_params(p)
+
+
+def main() -> None:
+    settings = read(params.load())
 
     # pandas, scikit-learn: after the checks
     from xdbert.reports.parameters import table6

@@ -22,9 +22,15 @@ from xdbert.paths import ATTENTION, ATTENTION_METRICS, SHARDS, TASKS, TOKENIZER,
 from xdbert.stage import run
 
 
+def read(p: dict) -> tuple[str, A.AttentionSettings]:
+    """(profile, settings): every param this stage reads, checked; tools/dvc_yaml.py records them for its
+    `params:` in dvc.yaml."""
+    return p["profile"], A.AttentionSettings.from_params(p, files=False)
+
+
 def main() -> None:
-    p = P.load()
-    s = A.AttentionSettings.from_params(p)
+    profile, s = read(P.load())
+    s.check_files()
     import numpy as np
     import torch
 
@@ -71,9 +77,9 @@ def main() -> None:
                 f"{100 * max(r):.1f}%" for r in results[variant]["accuracy"]) +
                 f" (chance {100 * results[variant]['chance']:.1f}%, diagonal {100 * results[variant]['diagonal']:.1f}%)")
 
-    io.write_json(ATTENTION_METRICS, {"profile": p["profile"], "example": {"task": s.task, "idx": s.index},
+    io.write_json(ATTENTION_METRICS, {"profile": profile, "example": {"task": s.task, "idx": s.index},
                                       "variants": results})
-    head = header("Table 9: cross-attention maps and per-head alignment", p["profile"], ", ".join(f"`{v}`" for v in results), "-")
+    head = header("Table 9: cross-attention maps and per-head alignment", profile, ", ".join(f"`{v}`" for v in results), "-")
     io.write_text(report("attention"), A.table9_markdown(head, s.task, s.index, results, pictures))
 
 

@@ -15,11 +15,15 @@ from xdbert.paths import CORPUS
 from xdbert.stage import run
 
 
+def read(p: dict) -> tuple[CorpusSettings, list]:
+    """Every param this stage reads, checked; tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
+    return CorpusSettings.from_params(p), provided.files(p)
+
+
 def main() -> None:
     # every check before any work, so a typo costs a second and leaves data/corpus untouched
-    p = P.load()
-    settings = CorpusSettings.from_params(p)
-    provided.check(p)  # the first stage: a missing hand-provided file stops the run here, not hours in
+    settings, files = read(P.load())
+    provided.check_files(files)  # the first stage: a missing hand-provided file stops the run here, not hours in
     stats = write_corpus(settings.load(), CORPUS)
     for split, s in stats.items():
         print(f"corpus {split}: {s['documents']} documents, {s['words']} words, {s['characters']} characters")

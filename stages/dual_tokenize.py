@@ -17,11 +17,17 @@ from xdbert.paths import CORPUS, SHARDS, TOKENIZER
 from xdbert.stage import run
 
 
+def read(p: dict) -> tuple:
+    """Every param this stage reads, checked; tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
+    from xdbert.data.tokenization.build import Inputs
+
+    return Inputs.read(p)
+
+
 def main() -> None:
-    params = P.load()
     from xdbert.data.tokenization.build import Inputs, build
 
-    inputs = Inputs.from_params(params, CORPUS)  # every check before any work: data/shards stays untouched
+    inputs = Inputs.check(*read(P.load()), CORPUS)  # every check before any work: data/shards stays untouched
     s = build(corpus_dir=CORPUS, shard_dir=SHARDS, tokenizer_dir=TOKENIZER, encoder=inputs.encoder,
               clip_name=inputs.clip_name, settings=inputs.settings, positions=inputs.positions,
               encoder_tokenizer=inputs.encoder_tokenizer)

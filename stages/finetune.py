@@ -13,19 +13,24 @@ from xdbert import io, params, paths, runlog
 from xdbert.stage import run
 
 
-def main() -> None:
+def read(p: dict) -> tuple:
+    """(profile, the study's families, each task's settings): every param this stage reads, checked;
+    tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
     from xdbert.data.tasks.registry import get_task, task_names
-    from xdbert.finetuning import data as fd
-    from xdbert.finetuning.runs import check_model_folders
     from xdbert.finetuning.settings import FinetuneSettings
     from xdbert.model.settings import families
 
-    p = params.load()
-    study_families = families(p)
+    return p["profile"], families(p), [FinetuneSettings.from_params(p, get_task(name)) for name in task_names(p)]
+
+
+def main() -> None:
+    from xdbert.finetuning import data as fd
+    from xdbert.finetuning.runs import check_model_folders
+
+    profile, study_families, task_settings = read(params.load())
     plan, tables = [], {}
-    for name in task_names(p):
-        task = get_task(name)
-        settings = FinetuneSettings.from_params(p, task)
+    for settings in task_settings:
+        task = settings.task
         runs = settings.study.runs(task.name)
         tables[task.name] = fd.read_task(paths.TASKS, task)  # every split is there and reads, before any work
         check_model_folders(runs, paths.TOKENIZER)
@@ -58,7 +63,7 @@ def main() -> None:
             for r, job, results in zip(runs, task_jobs, task_results):
                 metrics = write_results(tmp / task.name / r.name, job, results, {
                     "run": r.name, "family": r.family, "model": r.model, "model_path": job.model_path,
-                    "profile": p["profile"],
+                    "profile": profile,
                     "seeds_list": settings.seeds_of(r), "protocol": r.protocol, "lr_table": settings.lr,
                 })
                 print(f"finetune {task.name} {r.name}: median {task.metric} {metrics['headline']} over {len(results)} seeds")

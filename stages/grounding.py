@@ -20,9 +20,15 @@ from xdbert.paths import CAPTIONS, FIGURE4, GROUNDING_METRICS, TOKENIZER, report
 from xdbert.stage import run
 
 
+def read(p: dict) -> tuple[str, G.GroundingSettings]:
+    """(profile, settings): every param this stage reads, checked; tools/dvc_yaml.py records them for its
+    `params:` in dvc.yaml."""
+    return p["profile"], G.GroundingSettings.from_params(p, files=False)
+
+
 def main() -> None:
-    p = P.load()
-    s = G.GroundingSettings.from_params(p)
+    profile, s = read(P.load())
+    s.check_files()
 
     from xdbert.analysis import figure4
     from xdbert.data.tokenization.vocab import load_encoder_tokenizer
@@ -47,12 +53,12 @@ def main() -> None:
             G.write_coco_captions(captions, tmp / "captions.json")
         io.write_json(tmp / "word_counts.json", {"source": source, "captions": len(captions), "counts": dict(rule.counts.most_common())})
     with io.atomic_path(FIGURE4) as tmp:
-        figure4.plot_boxes(ratios, tmp, title=f"visually grounded ratio, {s.model} vs {s.baseline} ({p['profile']} profile)")
-    io.write_json(GROUNDING_METRICS, {"profile": p["profile"], "threshold": rule.threshold, "captions": source,
+        figure4.plot_boxes(ratios, tmp, title=f"visually grounded ratio, {s.model} vs {s.baseline} ({profile} profile)")
+    io.write_json(GROUNDING_METRICS, {"profile": profile, "threshold": rule.threshold, "captions": source,
                                       "grounded_words": len(rule.grounded_vocabulary), "tasks": summary})
-    head = header("Figure 4: visually grounded ratio of examples XDBERT improves or worsens", p["profile"],
+    head = header("Figure 4: visually grounded ratio of examples XDBERT improves or worsens", profile,
                   f"`{s.model}` vs `{s.baseline}`", ", ".join(f"{t}: {v['seeds']}" for t, v in summary.items()))
-    paper_note = figure4.PAPER_NOTE if p["profile"] == "paper" else ""
+    paper_note = figure4.PAPER_NOTE if profile == "paper" else ""
     io.write_text(report("figure4"), figure4.figure4_markdown(
         head, summary, examples, s.names, figure4.rule_text(rule, source, len(captions), s.names), G.TASK_TITLES,
         s.examples_task, paper_note))

@@ -16,10 +16,15 @@ from xdbert.model.settings import ModelSettings
 from xdbert.stage import run
 
 
-def main() -> None:
-    p = params.load()
+def read(p: dict) -> tuple[str, ModelSettings, PretrainSettings | None]:
+    """(profile, model, settings; None: the tower is not trained): every param this stage reads, checked;
+    tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
     model = ModelSettings.from_params(p)
-    settings = PretrainSettings.clip_from_params(p, model.clip_pretrained)  # None: the tower is not trained
+    return p["profile"], model, PretrainSettings.clip_from_params(p, model.clip_pretrained)
+
+
+def main() -> None:
+    profile, model, settings = read(params.load())
 
     # Heavy imports after the params are known to be good: a typo fails in a second.
     import torch
@@ -33,7 +38,7 @@ def main() -> None:
     checkpoint = paths.PRETRAIN_CLIP_CHECKPOINT
     torch.manual_seed(model.seed)  # a random tower's initial weights
     tower = CLIPTextTower.build(model.clip, model.clip_pretrained)
-    metrics = {"profile": p["profile"], "clip": model.clip, "clip_pretrained": model.clip_pretrained, "steps": 0}
+    metrics = {"profile": profile, "clip": model.clip, "clip_pretrained": model.clip_pretrained, "steps": 0}
     if settings is not None:
         manifest = shards.read_manifest(paths.SHARDS)
         shards.check_matches(manifest, tokenizer_dir=paths.TOKENIZER, clip_name=model.clip)

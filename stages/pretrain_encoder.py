@@ -20,13 +20,17 @@ from xdbert.model.settings import ModelSettings
 from xdbert.stage import run
 
 
+def read(p: dict, family: str) -> tuple[str, ModelSettings, PretrainSettings]:
+    """(profile, model, settings): every param this stage reads, checked; tools/dvc_yaml.py records them for its
+    `params:` in dvc.yaml."""
+    return p["profile"], ModelSettings.from_params(p, family), PretrainSettings.from_params(p)
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         raise PipelineError("usage: python stages/pretrain_encoder.py FAMILY (a key of `families`)")
     family = sys.argv[1]
-    p = params.load()
-    model = ModelSettings.from_params(p, family)
-    settings = PretrainSettings.from_params(p)
+    profile, model, settings = read(params.load(), family)
 
     # Heavy imports after the params are known to be good: a typo fails in a second.
     import torch
@@ -44,7 +48,7 @@ def main() -> None:
         with io.atomic_path(out, is_dir=True) as tmp:
             tmp.mkdir(parents=True, exist_ok=True)
             (tmp / "README.md").write_text(f"The encoder `{model.encoder}` is pretrained already: stages load it as downloaded.\n")
-        runlog.write_metrics(metrics_file, {"profile": p["profile"], "family": family, "encoder": model.encoder, "steps": 0},
+        runlog.write_metrics(metrics_file, {"profile": profile, "family": family, "encoder": model.encoder, "steps": 0},
                              f"pretrain_encoder@{family}")
         print(f"pretrain_encoder@{family}: {model.encoder} is used as downloaded")
         return
@@ -62,7 +66,7 @@ def main() -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         mlm.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    runlog.write_metrics(metrics_file, {"profile": p["profile"], "family": family, "encoder": model.encoder,
+    runlog.write_metrics(metrics_file, {"profile": profile, "family": family, "encoder": model.encoder,
                                         "sentences": len(sentences), **metrics}, f"pretrain_encoder@{family}")
     checkpoint.unlink(missing_ok=True)  # the output is complete; the checkpoint has done its job
     print(f"pretrain_encoder@{family}: {metrics['steps']} steps, MLM accuracy {metrics['first_mlm_accuracy']:.3f} -> "

@@ -21,11 +21,18 @@ from xdbert.paths import PRETRAIN_CLIP, PWCCA_METRICS, TOKENIZER, report
 from xdbert.stage import run
 
 
-def main() -> None:
-    p = P.load()
-    s = W.PwccaSettings.from_params(p)
+def read(p: dict) -> tuple:
+    """(profile, settings, each family's model settings, the systems' labels): every param this stage reads,
+    checked; tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
+    s = W.PwccaSettings.from_params(p, files=False)
     models = {name: ModelSettings.from_params(p, name) for name in s.families}
     labels = W.system_labels({name: family(p, name).label for name in s.families})
+    return p["profile"], s, models, labels
+
+
+def main() -> None:
+    profile, s, models, labels = read(P.load())
+    s.check_files()
 
     import torch
 
@@ -59,13 +66,13 @@ def main() -> None:
                          convention=s.convention)
 
     names = W.system_names(labels, {name: m.encoder for name, m in models.items()}, clip_name, s.families[0])
-    paper = p["profile"] == "paper"
+    paper = profile == "paper"
     rows = W.table2_rows(results, views, len(shared), labels, paper)
-    io.write_json(PWCCA_METRICS, {"profile": p["profile"], "shared_words": len(shared), "eps": s.eps,
+    io.write_json(PWCCA_METRICS, {"profile": profile, "shared_words": len(shared), "eps": s.eps,
                                   "convention": s.convention, "weight_by": s.weight_by,
                                   "systems": {k: names[k] for k in s.systems},
                                   "pairs": {f"{r['a']}/{r['b']}": r for r in rows}})
-    head = header("Table 2: PWCCA of word embeddings before co-training", p["profile"],
+    head = header("Table 2: PWCCA of word embeddings before co-training", profile,
                   ", ".join(names[k] for k in s.systems), "-")
     io.write_text(report("table2"), W.table2_markdown(head, rows, labels, names, len(shared), s, paper))
     for r in rows:

@@ -18,11 +18,15 @@ from xdbert.paths import TASKS
 from xdbert.stage import run
 
 
+def read(p: dict) -> tuple[TasksSettings, list]:
+    """Every param this stage reads, checked; tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
+    return TasksSettings.from_params(p), provided.files(p)
+
+
 def main() -> None:
     # every check before any work: a bad value leaves an existing data/tasks exactly as it was
-    p = P.load()
-    settings = TasksSettings.from_params(p)
-    provided.check(p)  # CommonLit's train.csv before any GLUE or SWAG download
+    settings, files = read(P.load())
+    provided.check_files(files)  # CommonLit's train.csv before any GLUE or SWAG download
     tables = {name: settings.load(name) for name in settings.names}
     summary = write_tasks(tables, TASKS, settings.source)
     for name, entry in summary["tasks"].items():

@@ -79,11 +79,6 @@ class AttentionSettings:
             if v not in adapted:
                 raise PipelineError(f"`attention.variants` names {v!r}, which is not an adapt variant with CLIP text "
                                     f"(baseline has no cross-modal model, a placeholder no CLIP); allowed: {', '.join(adapted)}")
-            saved = crossmodal(family, v) / CROSSMODAL_CONFIG
-            if files and not saved.is_file():
-                stage = f"adapt@{family}" if v == P.PROPOSED else f"ablate@{v}"
-                raise PipelineError(f"missing {saved}: run its adapt stage first (`dvc repro {stage}`), or "
-                                    f"remove `{v}` from `attention.variants`")
         task = P.choice(get("task"), "attention.task", TASK_NAMES)
         if get_task(task).kind == "multiple_choice":
             raise PipelineError("`attention.task` must be a sentence or sentence-pair task, not multiple choice (e.g. rte)")
@@ -92,7 +87,19 @@ class AttentionSettings:
             raise PipelineError(f"`attention.index` must be the integer idx of a dev example; got {index!r}")
         sizes = {key: P.positive(get(key), f"attention.{key}")
                  for key in ("max_len", "clip_blocks_per_sentence", "windows", "batch_size")}
-        return cls(tuple(variants), family, task, index, **sizes)
+        settings = cls(tuple(variants), family, task, index, **sizes)
+        if files:
+            settings.check_files()
+        return settings
+
+    def check_files(self) -> None:
+        """Every variant's cross-modal model is saved."""
+        for v in self.variants:
+            saved = crossmodal(self.family, v) / CROSSMODAL_CONFIG
+            if not saved.is_file():
+                stage = f"adapt@{self.family}" if v == P.PROPOSED else f"ablate@{v}"
+                raise PipelineError(f"missing {saved}: run its adapt stage first (`dvc repro {stage}`), or "
+                                    f"remove `{v}` from `attention.variants`")
 
 
 def dev_example(table: pa.Table, index: int, task: str, split: str) -> pa.Table:

@@ -99,27 +99,34 @@ class GroundingSettings:
             raise PipelineError(f"`grounding.captions: {captions}` is neither a COCO captions .json file nor a datasets "
                                 f"id (owner/name); allowed: generated, a .json file in the layout of COCO's "
                                 f"captions_train2017.json, or a datasets id")
-        if files and captions.endswith(".json") and not Path(captions).is_file():
-            raise PipelineError(f"missing caption file {captions} (`grounding.captions`): download MSCOCO's "
-                                f"annotations_trainval2017.zip and give annotations/captions_train2017.json, or use `generated`")
         # the runs of `adapt.family` (as Table 3's ablations): results/finetune/<task>/<family>/<model>
         family = ablation_family(params).name
         baseline, model = (run_name("encoder", P.nonempty_str(get(key), f"grounding.{key}"), family) for key in ("baseline", "model"))
         if baseline == model:
             raise PipelineError(f"`grounding.baseline` and `grounding.model` both name {get('model')!r}: Figure 4 compares "
                                 f"two finetuned models (the paper: baseline and xdbert)")
-        for key, run in (("baseline", baseline), ("model", model)) if files else ():
-            for task in tasks:
+        stopwords = sec.get("stopwords")
+        if stopwords is not None and not isinstance(stopwords, str):
+            raise PipelineError(f'`grounding.stopwords` must be a stopword file, or "" for the shipped NLTK English list; got {stopwords!r}')
+        settings = cls(tuple(tasks), baseline, model, threshold, captions, n_captions, seed, hub_split, hub_column,
+                       stopwords or None, examples_task, examples_per_class)
+        if files:
+            settings.check_files()
+        return settings
+
+    def check_files(self) -> None:
+        """The caption file and the predictions of both runs compared are there."""
+        if self.captions.endswith(".json") and not Path(self.captions).is_file():
+            raise PipelineError(f"missing caption file {self.captions} (`grounding.captions`): download MSCOCO's "
+                                f"annotations_trainval2017.zip and give annotations/captions_train2017.json, or use `generated`")
+        family = self.baseline.split("/", 1)[0]  # run names are <family>/<model>; a family's name has no slash
+        for key, run in (("baseline", self.baseline), ("model", self.model)):
+            for task in self.tasks:
                 if not predictions(task, run).is_file():
                     written = sorted(p.parent.name for p in (FINETUNE / task / family).glob(f"*/{PREDICTIONS}"))
                     raise PipelineError(f"missing {predictions(task, run)}: `grounding.{key}` names a run the finetune "
                                         f"stage did not write for `{task}`; runs of {family} there: "
                                         f"{', '.join(written) or 'none yet (`dvc repro finetune`)'}")
-        stopwords = sec.get("stopwords")
-        if stopwords is not None and not isinstance(stopwords, str):
-            raise PipelineError(f'`grounding.stopwords` must be a stopword file, or "" for the shipped NLTK English list; got {stopwords!r}')
-        return cls(tuple(tasks), baseline, model, threshold, captions, n_captions, seed, hub_split, hub_column,
-                   stopwords or None, examples_task, examples_per_class)
 
     @property
     def names(self) -> tuple[str, str]:

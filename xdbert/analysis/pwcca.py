@@ -121,11 +121,17 @@ class PwccaSettings:
         clip_tower = get("clip_tower")
         if not isinstance(clip_tower, str):
             raise PipelineError(f'`pwcca.clip_tower` must be a saved CLIP tower folder, or "" for {PRETRAIN_CLIP}; got {clip_tower!r}')
-        if files and clip_tower and not (Path(clip_tower) / CLIP_CONFIG).is_file():
-            raise PipelineError(f"`pwcca.clip_tower: {clip_tower}` is not a saved CLIP tower folder (no {CLIP_CONFIG}); "
+        settings = cls(tuple(tuple(pair) for pair in pairs), families, eps, convention, weight_by, min_words_ratio, seed,
+                       clip_tower)
+        if files:
+            settings.check_files()
+        return settings
+
+    def check_files(self) -> None:
+        """`clip_tower`, where given, is a saved tower."""
+        if self.clip_tower and not (Path(self.clip_tower) / CLIP_CONFIG).is_file():
+            raise PipelineError(f"`pwcca.clip_tower: {self.clip_tower}` is not a saved CLIP tower folder (no {CLIP_CONFIG}); "
                                 f"leave it empty for the tower the adaptation starts from ({PRETRAIN_CLIP})")
-        return cls(tuple(tuple(pair) for pair in pairs), families, eps, convention, weight_by, min_words_ratio, seed,
-                   clip_tower)
 
     @property
     def systems(self) -> tuple[str, ...]:

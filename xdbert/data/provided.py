@@ -30,9 +30,14 @@ def files(p: dict) -> list[tuple[str, Path]]:
 
 
 def check(p: dict) -> None:
-    """Every hand-provided file is there and in its format: one PipelineError naming the first that is not.
-    A file outside inputs/ is read, with a note that DVC does not track it."""
-    for key, path in files(p):
+    """Every hand-provided file params `p` expect is there and in its format (`check_files`)."""
+    check_files(files(p))
+
+
+def check_files(expected: list[tuple[str, Path]]) -> None:
+    """Every (param, path) of `files` is there and in its format: one PipelineError naming the first that is
+    not. A file outside inputs/ is read, with a note that DVC does not track it."""
+    for key, path in expected:
         if key == "tasks.read_path":
             check_read_csv(path)
         else:

@@ -96,9 +96,11 @@ class Inputs:
     positions: int | None
     encoder_tokenizer: Any
 
-    @classmethod
-    def from_params(cls, params: dict, corpus_dir: str | Path) -> "Inputs":
-        """Every check before any work: a bad value costs a second and leaves the outputs untouched."""
+    @staticmethod
+    def read(params: dict) -> tuple[str, str, Settings, int | None]:
+        """(encoder, clip, settings, positions): every param the stage reads, checked, touching no file. The
+        positions are a `random:` encoder's (from its config, `model.encoder_config`); a pretrained
+        encoder's come from the hub, in `check`."""
         model = P.section(params, "model")
         sec = P.section(params, "tokenize")
         encoder = P.get(model, "encoder", "model")
@@ -106,12 +108,21 @@ class Inputs:
         if not isinstance(encoder, str) or not encoder.strip():
             raise PipelineError(f"`model.encoder` must be a hub id, a folder or random:<model_type>; got {encoder!r}")
         settings = Settings.from_params(sec)
+        positions = encoder_positions(encoder, model.get("encoder_config")) if encoder.startswith(RANDOM_PREFIX) else None
+        return encoder, clip, settings, positions
+
+    @classmethod
+    def check(cls, encoder: str, clip: str, settings: Settings, positions: int | None,
+              corpus_dir: str | Path) -> "Inputs":
+        """What only files and libraries can tell: the open_clip name, the corpus, a pretrained encoder's tokenizer
+        and positions, and that `tokenize.max_len` fits them."""
         from xdbert.clip import check_name  # imports open_clip and torch: after the quick checks
 
         check_name(clip)
         corpus_paths(corpus_dir)
         tokenizer = None if encoder.startswith(RANDOM_PREFIX) else load_encoder_tokenizer(encoder)
-        positions = encoder_positions(encoder, model.get("encoder_config"), tokenizer)
+        if tokenizer is not None:
+            positions = encoder_positions(encoder, None, tokenizer)  # a pretrained encoder's config: no overrides
         check_positions("tokenize.max_len", settings.max_len, positions, encoder)
         return cls(encoder=encoder, clip_name=clip, settings=settings, positions=positions, encoder_tokenizer=tokenizer)
 

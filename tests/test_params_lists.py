@@ -1,0 +1,113 @@
+"""dvc.yaml's `params:` cannot drift: each stage lists exactly the keys its code reads, less the keys it reads
+but does not use (each named with its reason in tools/dvc_yaml.py), and dvc.yaml is what that tool writes.
+
+A key a stage reads but does not list would not rerun it when changed (`dvc status` would call stale outputs
+up to date); a listed key it never reads reruns it for nothing. What a stage reads is recorded by calling its
+`read(p, ...)` on a recording mapping of every profile's values, for every family and variant.
+"""
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from xdbert import profiles
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import dvc_yaml as D  # noqa: E402
+
+
+def committed() -> dict:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+
+
+def listed(name: str) -> list[str]:
+    stage = committed()[name]
+    return stage.get("do", stage)["params"]
+
+
+def test_dvc_yaml_is_what_the_tool_writes():
+    assert (ROOT / "dvc.yaml").read_text(encoding="utf-8") == D.render(), \
+        "dvc.yaml differs from its definition: run `python tools/dvc_yaml.py`"
+
+
+def test_the_templates_are_dvc_yamls_stages():
+    assert list(committed()) == list(D.STAGES)
+
+
+@pytest.mark.parametrize("name", list(D.STAGES))
+def test_a_stage_lists_exactly_the_params_it_reads(name):
+    assert D.params_problems(name, listed(name)) == []
+
+
+def unlisted_key(name: str, keys: list[str]) -> str:
+    """A key of the embedded profile that `keys` do not cover: one the stage reads but does not use where it
+    has one (adapt_baseline: adapt.clip_heads), else one of a section it reads, else any."""
+    def covered(key: str) -> bool:
+        return any(key == k or key.startswith(k + ".") for k in keys)
+
+    leaves = [".".join(path) for path, _ in profiles.leaves(profiles.values("embedded"))]
+    sections = {k.split(".")[0] for k in keys}
+    candidates = ([k for k in D.STAGES[name].unused if k in leaves] +
+                  [k for k in leaves if k.split(".")[0] in sections] + leaves)
+    return next(k for k in candidates if not covered(k))
+
+
+@pytest.mark.parametrize("name", list(D.STAGES))
+def test_the_check_sees_a_dropped_and_an_added_key(name):
+    keys = listed(name)
+    dropped, added = keys[-1], unlisted_key(name, keys)
+    assert any(dropped in p for p in D.params_problems(name, keys[:-1])), f"dropping {dropped} passed"
+    assert any(added in p for p in D.params_problems(name, [*keys, added])), f"adding {added} passed"
+
+
+def test_the_baseline_does_not_rerun_when_match_prob_changes():
+    """It reads every adapt key (the variant's settings), but has no MATCH loss."""
+    assert D.params_problems("adapt_baseline", [*listed("adapt_baseline"), "adapt.match_prob"]) == [
+        "adapt_baseline lists adapt.match_prob, read but unused: " + D.STAGES["adapt_baseline"].unused["adapt.match_prob"]]
+
+
+def test_the_recorder_logs_reads_tests_and_listings():
+    log = set()
+    p = D.Recorder({"a": {"x": 1, "y": {"z": 2}}, "b": 3}, log)
+    assert p["a"]["x"] == 1 and "b" in p and p.get("c") is None and "a" in p
+    assert log == {("a", "x"), ("b",), ("c",)}  # a section's presence is no read of its keys
+    list(p["a"]["y"].items())
+    assert log >= {("a", "y", "*"), ("a", "y", "z")}
+
+
+def test_paths_normalize_to_dvc_yamls_names():
+    values = {"adapt": {"family": "bert", "variants": {"mlm": {"losses": ["mlm"]}, "one": {}}},
+              "families": {"bert": {"label": "B"}, "electra": {"label": "E"}}, "model": {"clip": "c"}}
+    names = {("adapt", "variants", "mlm"): ("adapt", "variants", "${key}"), ("families", "bert"): ("families", "${adapt.family}")}
+    log = {("adapt", "family")}
+    normalize = lambda path: D.normalize(path, values, names, log)  # noqa: E731
+    assert normalize(("adapt", "variants", "mlm", "losses")) == ("adapt", "variants", "${key}")
+    assert normalize(("adapt", "variants", "one", "epochs")) == ("adapt", "variants", "*")  # another variant
+    assert normalize(("families", "bert", "label")) == ("families", "${adapt.family}")
+    assert normalize(("families", "electra", "label")) == ("families", "*")
+    assert normalize(("model", "seed")) == ("model", "*")  # missing: which keys `model` has
+    assert normalize(("model", "clip")) == ("model", "clip")
+
+
+def stage_scripts() -> list[Path]:
+    return sorted({ROOT / s.script for s in D.STAGES.values()})
+
+
+@pytest.mark.parametrize("script", stage_scripts(), ids=lambda p: p.name)
+def test_main_reads_params_only_through_read(script):
+    """What `read` records is all the stage reads: `main` loads params once, straight into `read`."""
+    def loads(node) -> list[ast.Call]:  # params.load() (the module is imported as `params` or `P`)
+        return [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                and n.func.attr == "load" and isinstance(n.func.value, ast.Name) and n.func.value.id in ("params", "P")]
+
+    tree = ast.parse(script.read_text(encoding="utf-8"))
+    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    into_read = [c.args[0] for c in ast.walk(functions["main"]) if isinstance(c, ast.Call)
+                 and isinstance(c.func, ast.Name) and c.func.id == "read" and c.args]
+    assert loads(functions["main"]) == into_read and len(into_read) == 1, \
+        f"{script.name}: main must load params once, straight into read(params.load(), ...)"
+    assert not [n for name, f in functions.items() if name != "main" for n in loads(f)], \
+        f"{script.name}: only main loads params"
