@@ -1,7 +1,5 @@
 """Stage `attention`: paper Table 9 (cross-attention maps) and a per-head alignment table.
 
-    params: profile, adapt.family, attention.{variants, task, index, max_len, clip_blocks_per_sentence, windows,
-            batch_size}
     deps:   models/crossmodal/<adapt.family>/<variant>, models/tokenizer, data/tasks, data/shards
     outs:   reports/attention/ (PNGs), reports/attention.md, results/attention.json
 

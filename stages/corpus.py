@@ -1,6 +1,5 @@
 """Stage `corpus`: the adaptation text, one row per whole document.
 
-    params: profile, corpus.{source, hub_id, hub_config, n_docs, sentences_per_doc, seed}
     outs:   data/corpus/{train,valid}.parquet (doc_id, text), data/corpus/stats.json
 
 `source: hub` loads wiki103 (`wikitext-103-raw-v1`) with `datasets` and regroups its line rows into

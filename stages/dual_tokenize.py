@@ -1,7 +1,5 @@
 """Stage `dual_tokenize`: the corpus as aligned BERT windows and CLIP blocks, in memory-mapped Arrow shards.
 
-    params: model.encoder, model.encoder_config.max_position_embeddings, model.clip,
-            tokenize.{vocab_size, max_len, n_blocks, shard_windows, max_overflow, validate_windows, workers}
     deps:   data/corpus/{train,valid}.parquet
     outs:   data/shards (manifest.json, {train,valid}/shard-NNNNN.arrow), models/tokenizer
 

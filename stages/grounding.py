@@ -1,7 +1,5 @@
 """Stage `grounding`: paper Figure 4 and Appendix D, the visually grounded ratio of improved/worsened examples.
 
-    params: profile, grounding.{tasks, baseline, model, threshold, captions, captions_hub_split,
-            captions_hub_column, n_captions, seed, stopwords, examples_task, examples_per_class}
     deps:   results/finetune (the runs <adapt.family>/<baseline|model> of each task), data/tasks, models/tokenizer,
             inputs (COCO's captions, where a file is named)
     outs:   reports/figure4.png, reports/figure4.md, results/grounding.json,

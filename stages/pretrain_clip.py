@@ -1,7 +1,5 @@
 """Stage `pretrain_clip`: CLIP's text tower as the adaptation starts from it (and the CLIP-T finetuning row).
 
-    params: profile, model.{clip, clip_pretrained, seed}, pretrain.{clip_steps, batch_size, lr, warmup_ratio, weight_decay,
-            checkpoint_every, seed}
     deps:   data/shards (CLIP blocks of the train windows), models/tokenizer (the shards' check)
     outs:   models/pretrain_clip (clip_config.json + model.safetensors), metrics/pretrain_clip.json
 

@@ -1,7 +1,6 @@
 """Stage `pretrain_encoder@<family>`: the embedded profile's stand-in for a family's pretrained encoder.
 
     python stages/pretrain_encoder.py FAMILY
-    params: profile, model, families.<family>, pretrain
     deps:   data/corpus (train sentences), models/tokenizer
     outs:   models/pretrain_encoder/<family> (a `...ForMaskedLM` save_pretrained folder with its tokenizer),
             metrics/pretrain_encoder/<family>.json

@@ -1,6 +1,5 @@
 """Stage `pwcca`: paper Table 2, PWCCA between word-embedding matrices before co-training.
 
-    params: profile, families, model (each family's settings start from it), pwcca
     deps:   models/tokenizer (the vocabulary every family shares), models/pretrain_encoder (the stand-ins of
             `random:` families), models/pretrain_clip (CLIP-T as the adaptation starts from it)
     outs:   reports/table2.md, results/pwcca.json

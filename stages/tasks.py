@@ -1,7 +1,5 @@
 """Stage `tasks`: every finetuning task in one normalized schema.
 
-    params: profile, tasks.{source, names, train_size, train_sizes, dev_size, read_path, seed}
-            hub mode also: tasks.{glue_hub_id, swag_hub_id, read_dev_fraction}
     outs:   data/tasks/<task>/{train,dev}.parquet (MNLI: dev_matched, dev_mismatched),
             data/tasks/summary.json
 

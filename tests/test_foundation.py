@@ -144,6 +144,8 @@ def test_paper_profile_is_an_overlay_of_the_defaults():
 
 def test_rendered_profiles_are_their_values_with_the_defaults_comments():
     assert profiles.render("embedded") == (ROOT / "xdbert/profiles/embedded.yaml").read_text()
+    # the committed params.yaml is written by `xdbert profile embedded`, never by hand
+    assert (ROOT / "params.yaml").read_text() == profiles.render("embedded"), "run `xdbert profile embedded --reset`"
     text = profiles.render("paper")
     assert params.read_yaml_text(text) == profiles.values("paper")
     assert "# fail if more windows than this overflow the CLIP blocks" in text  # an unchanged key keeps its comment

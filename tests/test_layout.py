@@ -39,8 +39,10 @@ def test_stage_lists_exactly_the_modules_it_runs(name):
         f"stage {name} runs {script.name}: a stage's script is stages/<stage name>.py"
     needed, listed = closure(script), code_deps(stage)
     rel = lambda paths: sorted(str(p.relative_to(ROOT)) for p in paths)  # noqa: E731
-    assert not needed - listed, f"dvc.yaml stage {name} misses deps it imports: {rel(needed - listed)}"
-    assert not listed - needed, f"dvc.yaml stage {name} lists modules it never imports: {rel(listed - needed)}"
+    assert not needed - listed, f"dvc.yaml stage {name} misses deps it imports: {rel(needed - listed)} " \
+                               f"(`python tools/dvc_yaml.py` writes them)"
+    assert not listed - needed, f"dvc.yaml stage {name} lists modules it never imports: {rel(listed - needed)} " \
+                               f"(`python tools/dvc_yaml.py` writes them)"
 
 
 @pytest.mark.parametrize("name", sorted(stages()))

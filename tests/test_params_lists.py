@@ -9,10 +9,15 @@ import ast
 import sys
 from pathlib import Path
 
+from dataclasses import fields
+
 import pytest
 import yaml
 
-from xdbert import profiles
+from xdbert import params as P
+from xdbert import params_check, profiles
+from xdbert.adaptation.settings import NOT_SETTINGS, AdaptSettings
+from xdbert.model.settings import FAMILY_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -111,3 +116,52 @@ def test_main_reads_params_only_through_read(script):
         f"{script.name}: main must load params once, straight into read(params.load(), ...)"
     assert not [n for name, f in functions.items() if name != "main" for n in loads(f)], \
         f"{script.name}: only main loads params"
+
+
+# -- one hand-kept place per key: params.KEYS and the docs' table are checked against the code ---------------
+
+def keys_read_by_the_settings() -> dict[str, set[str]]:
+    """Per section, the keys `xdbert check` (every stage's settings, every variant and task) reads in some profile."""
+    read: dict[str, set[str]] = {}
+    for values in D.profile_values().values():
+        log: set[tuple] = set()
+        params_check.check(D.Recorder(values, log))
+        for path in log:
+            depth = 2 if path[0] == "families" else 1  # a family's keys are under its name
+            if len(path) > depth and path[depth] != D.ANY:
+                read.setdefault(path[0], set()).add(path[depth])
+    return read
+
+
+def test_params_keys_are_the_keys_the_settings_read():
+    """params.KEYS (which refuses a misspelt key) may stay a literal: a key in it that no settings object reads,
+    or one read that it lacks, fails here. The adapt section is read whole into a variant's settings, so its
+    keys are also AdaptSettings' fields and the keys that name runs."""
+    read = keys_read_by_the_settings()
+    for section, keys in P.KEYS.items():
+        assert read[section] == set(keys or FAMILY_KEYS), section
+    assert set(P.KEYS["adapt"]) == {*NOT_SETTINGS, *(f.name for f in fields(AdaptSettings))}
+
+
+def readers(section: str) -> str:
+    """The stages whose dvc.yaml params hold a key of `section`, as the docs name them."""
+    out = []
+    for name, stage in committed().items():
+        if any(k == section or k.startswith(section + ".") for k in stage.get("do", stage)["params"]):
+            out.append(f"`{name}{ {'${families}': '@<family>', '${adapt.variants}': '@<variant>'}.get(stage.get('foreach'), '')}`")
+    return ", ".join(out)
+
+
+def test_the_docs_table_of_keys_is_the_codes():
+    text = (ROOT / "docs/profiles.md").read_text(encoding="utf-8").split("## The params sections")[1]
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| `")]
+    table = {row[0].strip("| `"): row for row in rows if len(row) == 4}
+    assert list(table) == ["profile", "corpus", "tasks", "hub", "model", "families", "tokenize", "pretrain", "adapt",
+                           "finetune", "aggregate", "pwcca", "grounding", "attention"]
+    assert sorted(table) == sorted(["profile", *P.KEYS])
+    for section, (_, keys, _, read_by) in table.items():
+        want = () if section == "profile" else (P.KEYS[section] or FAMILY_KEYS)
+        assert keys == (", ".join(f"`{k}`" for k in want) or "-"), f"docs/profiles.md, `{section}`: keys"
+        stages = readers(section) or "no stage"
+        assert read_by.removesuffix(" |") == stages or read_by.startswith(stages + "; "), \
+            f"docs/profiles.md, `{section}`: read by should be {stages}"
