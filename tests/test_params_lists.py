@@ -6,10 +6,11 @@ up to date); a listed key it never reads reruns it for nothing. What a stage rea
 `read(p, ...)` on a recording mapping of every profile's values, for every family and variant.
 """
 import ast
+import functools
+import itertools
 import sys
-from pathlib import Path
-
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,6 +18,7 @@ import yaml
 from xdbert import params as P
 from xdbert import params_check, profiles
 from xdbert.adaptation.settings import NOT_SETTINGS, AdaptSettings
+from xdbert.imports import closure
 from xdbert.model.settings import FAMILY_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,9 +49,23 @@ def test_a_stage_lists_exactly_the_params_it_reads(name):
     assert D.params_problems(name, listed(name)) == []
 
 
+@pytest.mark.parametrize("profile", list(D.profile_values()))
+def test_every_listed_param_is_in_the_profile(profile):
+    """DVC stops on a `params:` key that params.yaml lacks, so a key is listed only where every profile has it."""
+    values = D.profile_values()[profile]
+    for name, stage in D.STAGES.items():
+        items = list(functools.reduce(dict.get, stage.foreach.split("."), values)) if stage.foreach else [""]
+        for item, key in itertools.product(items, listed(name)):
+            path = key.replace(D.KEY, item).replace(D.FAMILY, values["adapt"]["family"]).split(".")
+            node = values
+            for part in path:
+                assert isinstance(node, dict) and part in node, f"{name}@{item}: {key} is not in the {profile} profile"
+                node = node[part]
+
+
 def unlisted_key(name: str, keys: list[str]) -> str:
     """A key of the embedded profile that `keys` do not cover: one the stage reads but does not use where it
-    has one (adapt_baseline: adapt.clip_heads), else one of a section it reads, else any."""
+    has one, else one of a section it reads, else any."""
     def covered(key: str) -> bool:
         return any(key == k or key.startswith(k + ".") for k in keys)
 
@@ -103,11 +119,14 @@ def stage_scripts() -> list[Path]:
 
 @pytest.mark.parametrize("script", stage_scripts(), ids=lambda p: p.name)
 def test_main_reads_params_only_through_read(script):
-    """What `read` records is all the stage reads: `main` loads params once, straight into `read`."""
+    """What `read` records is all the stage reads: `main` loads params once, straight into `read`, and no
+    module the stage runs loads them on its own."""
     def loads(node) -> list[ast.Call]:  # params.load() (the module is imported as `params` or `P`)
         return [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                 and n.func.attr == "load" and isinstance(n.func.value, ast.Name) and n.func.value.id in ("params", "P")]
 
+    for module in closure(script) - {script}:
+        assert not loads(ast.parse(module.read_text(encoding="utf-8"))), f"{module} loads params itself"
     tree = ast.parse(script.read_text(encoding="utf-8"))
     functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
     into_read = [c.args[0] for c in ast.walk(functions["main"]) if isinstance(c, ast.Call)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from xdbert import io, profiles  # noqa: E402
 from xdbert.adaptation.settings import AdaptSettings  # noqa: E402
 from xdbert.imports import closure  # noqa: E402
-from xdbert.params import read_yaml_text  # noqa: E402
+from xdbert.params import PROFILES, read_yaml_text  # noqa: E402
 from xdbert.rehearse import rehearsal_params  # noqa: E402
 
 DVC_YAML = ROOT / "dvc.yaml"
@@ -37,11 +37,11 @@ KEY, FAMILY = "${key}", "${adapt.family}"  # a foreach item, and Table 3's famil
 ANY = "*"  # after a mapping's path: which keys it has was read (DVC: the mapping whole)
 COLLECTIONS = (("families",), ("adapt", "variants"))  # mappings of named items, a stage for each
 
-# Files a stage's modules load, as deps of every stage that runs the module: (module, file)
-LOADED = (("xdbert/numerics.py", "xdbert/mkl_dispatch.c"),  # decides which GEMM kernels MKL runs: bytes
-          ("xdbert/clip.py", "xdbert/resources/xdbert-tiny.json"),
-          ("xdbert/analysis/grounding.py", "xdbert/resources/stopwords_en.txt"),
-          ("xdbert/hub.py", "hub.lock.json"))  # the pins `xdbert fetch` writes: new pins rerun the stage
+# Files a module loads, deps of every stage that runs it: listed right after the module, or after all modules
+BESIDE = {"xdbert/numerics.py": "xdbert/mkl_dispatch.c"}  # decides which GEMM kernels MKL runs, so bytes
+LOADED = {"xdbert/clip.py": "xdbert/resources/xdbert-tiny.json",
+          "xdbert/analysis/grounding.py": "xdbert/resources/stopwords_en.txt",
+          "xdbert/hub.py": "hub.lock.json"}  # the pins `xdbert fetch` writes: new pins rerun the stage
 
 # ---------------------------------------------------------------------------------------------
 # Recording what a stage reads
@@ -69,9 +69,8 @@ class Recorder(dict):
         return self._read(key, dict.__getitem__(self, key))
 
     def get(self, key, default=None):
-        return self[key] if dict.__contains__(self, key) else self._missing(key, default)
-
-    def _missing(self, key, default):
+        if dict.__contains__(self, key):
+            return self[key]
         self.log.add(self.path + (key,))
         return default
 
@@ -107,7 +106,7 @@ def load_stage(script: str):
 @functools.cache
 def profile_values() -> dict[str, dict]:
     """The params of every profile the pipeline runs: embedded, paper, micro and the rehearsal's."""
-    out = {name: profiles.values(name) for name in ("embedded", "paper", "micro")}
+    out = {name: profiles.values(name) for name in PROFILES}
     out["rehearsal"] = read_yaml_text(rehearsal_params())
     return out
 
@@ -131,7 +130,7 @@ class Stage:
     unused: dict[str, str] = field(default_factory=dict)  # a key read but unused -> why it must not rerun the stage
 
 
-def keys(section: str, names, why: str) -> dict[str, str]:
+def reasons(section: str, names, why: str) -> dict[str, str]:
     """One reason for several keys of a section."""
     return {f"{section}.{name}": why for name in names}
 
@@ -149,7 +148,7 @@ ADAPT_DEPS = ("data/shards", "models/tokenizer")
 STAGES: dict[str, Stage] = {
     "corpus": Stage(
         "stages/corpus.py", outs=("data/corpus",),
-        unused={**keys("tasks", ("source", "names", "read_path"), "only to check that hand-provided files are there "
+        unused={**reasons("tasks", ("source", "names", "read_path"), "only to check that hand-provided files are there "
                      "(xdbert.data.provided), before any work; the tasks stage reads them"),
                 "grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it"}),
     "tasks": Stage(
@@ -168,8 +167,7 @@ STAGES: dict[str, Stage] = {
         deps=(*ADAPT_DEPS, "models/pretrain_encoder/${key}"), outs=("models/adapted/${key}/baseline",),
         metrics=("metrics/adapt/${key}/baseline.json",), plots=("dvclive/adapt/${key}/baseline/plots/metrics",),
         unused={**CHECKED_FAMILIES, **ADAPT_KEYS, **ABLATION_FAMILY,
-                **keys("adapt", ("losses", "cross_layers"), "adapt.baseline sets it in every profile"),
-                **keys("adapt", CROSS_MODAL, "the baseline has no cross-modal layers, MATCH or CLIPTC")}),
+                **reasons("adapt", CROSS_MODAL, "the baseline has no cross-modal layers, MATCH or CLIPTC")}),
     "adapt": Stage(
         "stages/adapt.py", args=f"{KEY} xdbert", foreach="families",
         deps=(*ADAPT_DEPS, "models/pretrain_encoder/${key}", "models/pretrain_clip"),
@@ -185,8 +183,8 @@ STAGES: dict[str, Stage] = {
         unused={**CHECKED_FAMILIES, **ADAPT_KEYS}),
     "pretrain_clip": Stage(
         "stages/pretrain_clip.py", deps=ADAPT_DEPS, outs=("models/pretrain_clip",), metrics=("metrics/pretrain_clip.json",),
-        unused={**keys("model", ("encoder", "encoder_config"), "the language encoder's, checked with the model section"),
-                **keys("pretrain", ("mlm_prob", "restate_mask_prob", "max_len"), "the encoder stand-in's: in the "
+        unused={**reasons("model", ("encoder", "encoder_config"), "the language encoder's, checked with the model section"),
+                **reasons("pretrain", ("mlm_prob", "restate_mask_prob", "max_len"), "the encoder stand-in's: in the "
                        "settings (and the checkpoint's fingerprint), never used by the CLIP tower's training")}),
     "finetune": Stage(
         "stages/finetune.py", deps=("data/tasks", "models/tokenizer", "models/adapted", "models/crossmodal",
@@ -214,7 +212,7 @@ STAGES: dict[str, Stage] = {
         unused={**CHECKED_FAMILIES, **ADAPT_KEYS,
                 "families.${adapt.family}": "only checked; its name (adapt.family) names the models",
                 "adapt.variants": "only checked: which variants have CLIP text (not placeholder) to attend to",
-                **keys("adapt", [f.name for f in fields(AdaptSettings)], "only checked, with the variants")}),
+                **reasons("adapt", [f.name for f in fields(AdaptSettings)], "only checked, with the variants")}),
 }
 
 
@@ -293,19 +291,13 @@ def _merge(into: dict, values: dict) -> None:
 
 
 def collapse(paths: set[tuple], keys_tree: dict) -> set[tuple]:
-    """The fewest entries that say the same: a path under a listed one drops, and a mapping every key of
-    which is listed (in some profile) is listed whole."""
+    """The fewest entries that say the same: a mapping every key of which (in some profile) is listed is
+    listed whole, and a path under a listed one drops."""
     paths = set(paths)
-    changed = True
-    while changed:
-        changed = False
-        for path in sorted(paths, key=len, reverse=True):
-            parent = path[:-1]
-            node = _node(keys_tree, parent)
-            if parent and node and all(parent + (k,) in paths for k in node):
-                paths = {p for p in paths if p[:len(parent)] != parent} | {parent}
-                changed = True
-                break
+    for parent in sorted({p[:i] for p in paths for i in range(1, len(p))}, key=len, reverse=True):  # deepest first
+        node = _node(keys_tree, parent)
+        if node and all(parent + (k,) in paths for k in node):
+            paths.add(parent)
     return {p for p in paths if not any(p[:i] in paths for i in range(1, len(p)))}
 
 
@@ -326,9 +318,9 @@ def expected_params(name: str, read: frozenset[tuple] | None = None) -> list[str
     order of the profiles' keys."""
     read = recorded(name) if read is None else read
     unused = STAGES[name].unused
-    kept = {p[:-1] if p[-1] == ANY else p for p in read if not any(dotted(p[:i]) in unused for i in range(1, len(p) + 1))}
+    used = {p for p in read if not any(dotted(p[:i]) in unused for i in range(1, len(p) + 1))}
     keys_tree = tree(profile_values().values())
-    kept = collapse(kept, keys_tree)
+    kept = collapse({p[:-1] if p[-1] == ANY else p for p in used}, keys_tree)  # DVC: a mapping's keys, the mapping
     return [dotted(p) for p in sorted(kept, key=lambda p: _position(keys_tree, p))]
 
 
@@ -363,11 +355,8 @@ def code_deps(script: str) -> list[str]:
     modules = sorted(str(p.relative_to(ROOT)) for p in closure(ROOT / script) if p != ROOT / script)
     out = [script]
     for module in modules:
-        out.append(module)
-        out += [f for m, f in LOADED if m == module and f.startswith("xdbert/mkl")]
-    out += [f for m, f in LOADED if m in modules and f.startswith("xdbert/resources")]
-    out += [f for m, f in LOADED if m in modules and not f.startswith("xdbert/")]
-    return out
+        out += [module, *([BESIDE[module]] if module in BESIDE else [])]
+    return out + [file for module, file in LOADED.items() if module in modules]
 
 
 def render() -> str:

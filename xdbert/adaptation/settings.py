@@ -114,7 +114,8 @@ class AdaptSettings:
         unknown = set(overrides) - (set(a) - set(NOT_SETTINGS))
         if unknown:
             raise PipelineError(f"{where} overrides unknown keys {sorted(unknown, key=str)}; allowed: {sorted(k for k in a if k not in NOT_SETTINGS)}")
-        s = {k: v for k, v in a.items() if k not in NOT_SETTINGS} | overrides
+        # the defaults a variant does not override, then its overrides: a default it overrides is never read
+        s = {k: a[k] for k in a if k not in NOT_SETTINGS and k not in overrides} | overrides
 
         def key_of(key: str) -> str:  # name the key the value came from: the variant's override or the default
             return f"{where}.{key}" if key in overrides else f"adapt.{key}"
