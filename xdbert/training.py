@@ -191,8 +191,8 @@ def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
 
 
 class Checkpoints:
-    """A step loop's resume, periodic checkpoint and early stop, the same for every loop that trains for
-    days (pretraining's stand-ins, adaptation).
+    """A step loop's resume, periodic checkpoint and early stop, the same for each loop that keeps a
+    checkpoint (pretraining's stand-ins, adaptation).
 
     `parts` are what the loop saves by their state dicts (model, optimizer, schedule, ...), under those
     names; with them a checkpoint holds the steps `done` and the loop's own records (its history).
@@ -205,7 +205,8 @@ class Checkpoints:
         self.every, self.total, self.stop_after = every, total, stop_after
 
     def resume(self, say=print) -> dict | None:
-        """The saved state, with every part loaded from it, if the checkpoint matches; else None."""
+        """The saved state, with every part loaded from it, if the checkpoint matches; else None. `say`
+        prints the line that says so (a run of several processes passes accelerate's, which prints once)."""
         state = load_checkpoint(self.path, self.fingerprint)
         if state is not None:
             for name, part in self.parts.items():
