@@ -74,3 +74,32 @@ def local_ray(_ray_stopped_after_module):
 
     engine.connect()
     yield
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory) -> Path:
+    """A tiny random BERT and its tokenizer (keyword_tasks.save_tiny_bert), what the finetuning tests train."""
+    from keyword_tasks import save_tiny_bert
+
+    return save_tiny_bert(tmp_path_factory.mktemp("bert") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def crossmodal_dirs(tmp_path_factory, bert_dir):
+    """A tiny full cross-modal model (`full`) and CLIP tower (`clip`) that read `bert_dir`'s token ids."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from xdbert.model.clip_tower import CLIPTextTower
+    from xdbert.model.modeling import XDBertConfig, XDBertModel
+    from xdbert.model.saving import save_clip_tower, save_full
+
+    root = tmp_path_factory.mktemp("xmodels")
+    torch.manual_seed(0)
+    vocab = len(AutoTokenizer.from_pretrained(bert_dir))  # the full model reads the test tokenizer's ids
+    config = XDBertConfig(encoder="random:bert", vocab_size=vocab, clip="xdbert-tiny", clip_heads=2, cross_layers=1,
+                          encoder_config={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                          "intermediate_size": 64, "max_position_embeddings": 64})
+    save_full(XDBertModel.build(config), root / "full")
+    save_clip_tower(CLIPTextTower.build("xdbert-tiny"), root / "clip", clip="xdbert-tiny")
+    return root

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from test_finetuning import bert_dir, crossmodal_dirs, keyword_tables, settings  # noqa: F401 (fixtures)
+from keyword_tasks import keyword_tables, settings
 from xdbert import training
 from xdbert.data.tasks.registry import get_task
 from xdbert.finetuning import graphed, loop, stacked

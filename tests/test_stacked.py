@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import BertConfig
 
-from test_finetuning import bert_dir, keyword_tables, save_tiny_bert, settings  # noqa: F401 (fixtures)
+from keyword_tasks import keyword_tables, save_tiny_bert, settings
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
 from xdbert.finetuning import grid

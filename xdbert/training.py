@@ -190,6 +190,39 @@ def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
     return state
 
 
+class Checkpoints:
+    """A step loop's resume, periodic checkpoint and early stop, the same for each loop that keeps a
+    checkpoint (pretraining's stand-ins, adaptation).
+
+    `parts` are what the loop saves by their state dicts (model, optimizer, schedule, ...), under those
+    names; with them a checkpoint holds the steps `done` and the loop's own records (its history).
+    `stop_after` ends a run early after that many steps (tests use it to simulate a kill).
+    """
+
+    def __init__(self, path: Path, fingerprint: str, parts: dict, every: int, total: int,
+                 stop_after: int | None = None):
+        self.path, self.fingerprint, self.parts = path, fingerprint, parts
+        self.every, self.total, self.stop_after = every, total, stop_after
+
+    def resume(self, say=print) -> dict | None:
+        """The saved state, with every part loaded from it, if the checkpoint matches; else None. `say`
+        prints the line that says so (a run of several processes passes accelerate's, which prints once)."""
+        state = load_checkpoint(self.path, self.fingerprint)
+        if state is not None:
+            for name, part in self.parts.items():
+                part.load_state_dict(state[name])
+            say(f"resuming from {self.path} at step {state['step']}/{self.total}")
+        return state
+
+    def step_done(self, done: int, saves: bool = True, **records) -> bool:
+        """After the loop's `done`-th step: save every `every` steps and at the last (where `saves`: one
+        process of several), and say whether to stop here."""
+        if saves and (done % self.every == 0 or done == self.total):
+            parts = {name: part.state_dict() for name, part in self.parts.items()}
+            save_checkpoint(self.path, {**parts, "step": done, **records}, self.fingerprint)
+        return self.stop_after is not None and done >= self.stop_after
+
+
 def model_identity(model: torch.nn.Module) -> tuple[list, str]:
     """Names and shapes of the model's tensors and a sha256 of their values (call it before training).
 

@@ -168,20 +168,16 @@ def adapt(
     # the module itself.
     forward = torch.compile(model) if training.compiles(s.compile, accelerator.device) else model
 
-    state = training.load_checkpoint(checkpoint, print_fp)
-    start, history, rates = 0, [], []
-    if state is not None:
-        accelerator.unwrap_model(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        precision.scaler.load_state_dict(state["scaler"])
-        start, history, rates = state["step"], state["history"], state["rates"]
-        accelerator.print(f"resuming from {checkpoint} at step {start}/{total}")
-        if log is not None and accelerator.is_main_process:
-            # The log (dvclive's plots, a DVC output) starts empty in a new process: replay the steps
-            # already taken, so a resumed run's plots are the uninterrupted run's, byte for byte.
-            for step, (metrics, lr) in enumerate(zip(history, rates)):
-                log({**metrics, "lr": lr}, step)
+    checkpoints = training.Checkpoints(checkpoint, print_fp, {
+        "model": accelerator.unwrap_model(model), "optimizer": optimizer, "schedule": schedule,
+        "scaler": precision.scaler}, s.checkpoint_every, total, stop_after)
+    state = checkpoints.resume(accelerator.print)
+    start, history, rates = (state["step"], state["history"], state["rates"]) if state else (0, [], [])
+    if log is not None and accelerator.is_main_process:
+        # The log (dvclive's plots, a DVC output) starts empty in a new process: replay the steps
+        # already taken (none in a fresh run), so a resumed run's plots are the uninterrupted run's, byte for byte.
+        for step, (metrics, lr) in enumerate(zip(history, rates)):
+            log({**metrics, "lr": lr}, step)
 
     model.train()
     bar = tqdm(range(start, total), initial=start, total=total, desc="adapt", disable=not accelerator.is_main_process)
@@ -229,14 +225,7 @@ def adapt(
         bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items() if k.endswith("_loss")})
         if log is not None and accelerator.is_main_process:
             log({**metrics, "lr": rates[-1]}, step)
-        done = step + 1
-        if accelerator.is_main_process and (done % s.checkpoint_every == 0 or done == total):
-            training.save_checkpoint(checkpoint, {
-                "model": accelerator.unwrap_model(model).state_dict(), "optimizer": optimizer.state_dict(),
-                "schedule": schedule.state_dict(), "scaler": precision.scaler.state_dict(), "step": done,
-                "history": history, "rates": rates,
-            }, print_fp)
-        if stop_after is not None and done >= stop_after:
+        if checkpoints.step_done(step + 1, saves=accelerator.is_main_process, history=history, rates=rates):
             break
     accelerator.wait_for_everyone()
 

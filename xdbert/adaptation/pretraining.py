@@ -167,14 +167,10 @@ def _train(model: torch.nn.Module, s: PretrainSettings, name: str,
     """
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, s.steps)
     fp = training.fingerprint(asdict(s), name, data_size, *training.model_identity(model))
-    state = training.load_checkpoint(checkpoint, fp)
-    start, history = 0, []
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        start, history = state["step"], state["history"]
-        print(f"resuming from {checkpoint} at step {start}/{s.steps}")
+    checkpoints = training.Checkpoints(checkpoint, fp, {"model": model, "optimizer": optimizer, "schedule": schedule},
+                                       s.checkpoint_every, s.steps, stop_after)
+    state = checkpoints.resume()
+    start, history = (state["step"], state["history"]) if state else (0, [])
     model.train()
     t0 = time.time()
     for step in range(start, s.steps):
@@ -189,11 +185,7 @@ def _train(model: torch.nn.Module, s: PretrainSettings, name: str,
         optimizer.zero_grad(set_to_none=True)
         accuracy = float((logits.detach().argmax(-1) == labels).float().mean())
         history.append({f"{name}_loss": float(loss.detach()), f"{name}_accuracy": accuracy})
-        done = step + 1
-        if done % s.checkpoint_every == 0 or done == s.steps:
-            training.save_checkpoint(checkpoint, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                                  "schedule": schedule.state_dict(), "step": done, "history": history}, fp)
-        if stop_after is not None and done >= stop_after:
+        if checkpoints.step_done(step + 1, history=history):
             break
     tenth = max(1, len(history) // 10)
     summary = {}

@@ -177,18 +177,27 @@ def train_seed(job: Job, seed: int, device: str | torch.device = "cpu") -> dict:
             step += 1
         epoch_losses.append(epoch_loss(losses, step, where))
 
-    train_seconds = time.time() - t_train
     t_eval = time.time()
-    metrics, predictions = {}, {}
+    predictions = {}
     for split in job.dev_splits:
         data = job.data[split]
         pred = predict(forward, job, data, device, precision.autocast)
         if len(pred) != len(data):
             raise PipelineError(f"{where}: {len(pred)} predictions for {len(data)} {split} examples")
         predictions[split] = pred
-        metrics[split] = compute_metrics(spec.name, pred, data.labels)
-    return {"seed": seed, "device": training.device_name(device), "precision": precision.name, "metrics": metrics, "predictions": predictions,
-            "first_epoch_loss": epoch_losses[0],
-            "last_epoch_loss": epoch_losses[-1], "steps": step, "train_examples": len(train) * s.epochs,
-            "train_seconds": round(train_seconds, 3), "eval_seconds": round(time.time() - t_eval, 3),
+    return seed_result(job, seed, device, precision.name, predictions, epoch_losses, step, (t0, t_train, t_eval))
+
+
+def seed_result(job: Job, seed: int, device: torch.device, precision: str, predictions: dict[str, np.ndarray],
+                epoch_losses: list[float], steps: int, started: tuple[float, float, float], **stacked) -> dict:
+    """One seed's result, trained alone (`train_seed`) or stacked (`stacked.train_stack`, whose `stacked`
+    names the seeds trained with it), with the metrics of its `predictions` on every dev split.
+    `started`: when the run, its training and its evaluation began."""
+    t0, t_train, t_eval = started
+    metrics = {split: compute_metrics(job.spec.name, pred, job.data[split].labels) for split, pred in predictions.items()}
+    return {"seed": seed, **stacked, "device": training.device_name(device), "precision": precision,
+            "metrics": metrics, "predictions": predictions,
+            "first_epoch_loss": epoch_losses[0], "last_epoch_loss": epoch_losses[-1], "steps": steps,
+            "train_examples": len(job.data["train"]) * job.hyperparameters.epochs,
+            "train_seconds": round(t_eval - t_train, 3), "eval_seconds": round(time.time() - t_eval, 3),
             "seconds": round(time.time() - t0, 3)}

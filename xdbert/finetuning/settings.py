@@ -40,21 +40,15 @@ def learning_rate(table: dict, spec: TaskSpec, size: str, model_kind: str = "enc
 
 
 @dataclass(frozen=True)
-class Hyperparameters:
-    """One run's hyperparameters: the `finetune` values with the run's learning rate.
+class RunValues:
+    """The `finetune` values a run takes as they are: what `FinetuneSettings` and `Hyperparameters` share."""
 
-    Written to metrics.json as `hyperparameters`, and part of what a saved seed must match to be reused.
-    """
-
-    lr: float
     epochs: int
     warmup_ratio: float
     batch_size: int
     eval_batch_size: int
     max_len: int
     weight_decay: float
-    layer_lr_decay: float           # the family's: 1.0 = off; 0.9 = each layer below the top gets lr * 0.9^depth
-    max_grad_norm: float
     length_group: int               # batches per length-sorted mega-batch; 1 = plain shuffled batches
     clip_blocks_per_sentence: int   # Table 8: 2 blocks for one sentence, 4 for a pair
     dropout: float                  # before the new head of the clip and full kinds
@@ -62,6 +56,18 @@ class Hyperparameters:
     compile: bool | str             # torch.compile the model (lengths dynamic): true, false, auto (on a GPU)
     cuda_graph: bool                # record each step whole as a CUDA graph (on a GPU; xdbert.finetuning.graphed)
     stack: int                      # seeds trained as one stacked model (xdbert.finetuning.stacked); 1 = each alone
+
+
+@dataclass(frozen=True)
+class Hyperparameters(RunValues):
+    """One run's hyperparameters: the `finetune` values with the run's learning rate.
+
+    Written to metrics.json as `hyperparameters`, and part of what a saved seed must match to be reused.
+    """
+
+    lr: float
+    layer_lr_decay: float           # the family's: 1.0 = off; 0.9 = each layer below the top gets lr * 0.9^depth
+    max_grad_norm: float
 
 
 def seeds_key(task: TaskSpec) -> str:
@@ -82,23 +88,10 @@ def _rates(lr: dict, name: str) -> None:
 
 
 @dataclass(frozen=True)
-class FinetuneSettings:
+class FinetuneSettings(RunValues):
     """The `finetune` section for the runs of one task, checked."""
 
     task: TaskSpec
-    epochs: int
-    warmup_ratio: float
-    batch_size: int
-    eval_batch_size: int
-    max_len: int
-    weight_decay: float
-    length_group: int
-    clip_blocks_per_sentence: int
-    dropout: float
-    precision: str
-    compile: bool | str
-    cuda_graph: bool
-    stack: int
     lr: dict                        # task -> {base, large[, full]: rate}: Table 5, per task
     seeds: list[int]                # this task's seeds (`seeds`, or `rte_seeds` for RTE)
     study: Study                    # which models are finetuned
@@ -132,8 +125,7 @@ class FinetuneSettings:
         """The hyperparameters of a run on a `size` model (Table 5's base or large) of `model_kind`, under
         Table 1's protocol or Table 3's (`ablation`: its one rate, where it gives one), with its family's
         layer-wise decay."""
-        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(Hyperparameters)
-                  if f.name not in ("lr", "max_grad_norm", "layer_lr_decay", "stack")}  # the section's values, one for one
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(RunValues)}
         lr = self.study.protocol.lr if protocol == "ablation" else None
         if lr is None:
             lr = learning_rate(self.lr, self.task, size, model_kind)
@@ -141,8 +133,8 @@ class FinetuneSettings:
         # blocks each batch uses (`ClipLayout`), which differs between the seeds' batches, so they train
         # each seed alone.
         stack = self.stack if model_kind == "encoder" else 1
-        return Hyperparameters(lr=lr, max_grad_norm=MAX_GRAD_NORM, layer_lr_decay=layer_lr_decay,
-                               stack=stack, **shared)
+        return Hyperparameters(**{**shared, "stack": stack}, lr=lr, layer_lr_decay=layer_lr_decay,
+                               max_grad_norm=MAX_GRAD_NORM)
 
     def seeds_of(self, run: Run) -> list[int]:
         """The seeds of a run: the task's, or Table 3's protocol's where it gives them."""

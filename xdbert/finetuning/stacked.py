@@ -33,13 +33,12 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 
 from xdbert import training
-from xdbert.data.tasks.metrics import compute_metrics
 from xdbert.errors import PipelineError
 from xdbert.finetuning import data as fd
 from xdbert.finetuning import graphed
 from xdbert.finetuning.heads import mask_always_applied
 from xdbert.finetuning.job import Job, build_model
-from xdbert.finetuning.loop import epoch_loss, pad_multiple, stepping, task_loss, train_seed
+from xdbert.finetuning.loop import epoch_loss, pad_multiple, seed_result, stepping, task_loss, train_seed
 from xdbert.finetuning.rates import parameter_groups
 
 # Compiled, a stacked model is compiled anew for each batch shape: vmap's batching rules (layer norm's)
@@ -245,9 +244,7 @@ def train_stack(job: Job, seeds: list[int], device: str | torch.device = "cpu") 
         epoch_losses.append([epoch_loss(list(x.unbind()), step, f"{where}, seed {seed}")
                              for x, seed in zip(per_seed, seeds)])
 
-    train_seconds = time.time() - t_train
     t_eval = time.time()
-    metrics: list[dict] = [{} for _ in seeds]
     predictions: list[dict] = [{} for _ in seeds]
     for split in job.dev_splits:
         data = job.data[split]
@@ -257,12 +254,8 @@ def train_stack(job: Job, seeds: list[int], device: str | torch.device = "cpu") 
         for i, pred in enumerate(predict_stacked(model, len(seeds), job, data, pad_multiple(s.max_len, device),
                                                  device, precision.autocast)):
             predictions[i][split] = pred
-            metrics[i][split] = compute_metrics(spec.name, pred, data.labels)
-    return [{"seed": seed, "stacked_with": list(seeds), "device": training.device_name(device),
-             "precision": precision.name, "metrics": metrics[i], "predictions": predictions[i],
-             "first_epoch_loss": epoch_losses[0][i], "last_epoch_loss": epoch_losses[-1][i], "steps": step,
-             "train_examples": len(train) * s.epochs, "train_seconds": round(train_seconds, 3),
-             "eval_seconds": round(time.time() - t_eval, 3), "seconds": round(time.time() - t0, 3)}
+    return [seed_result(job, seed, device, precision.name, predictions[i], [e[i] for e in epoch_losses], step,
+                         (t0, t_train, t_eval), stacked_with=list(seeds))
             for i, seed in enumerate(seeds)]
 
 
