@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, Pretrained
 from xdbert import io, paths
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request, quiet_loading, source
-from xdbert.model.settings import RANDOM_PREFIX, random_default_config
+from xdbert.random_encoder import RANDOM_PREFIX, random_default_config
 
 if TYPE_CHECKING:
     from xdbert.model.layers import MaskedTokenHead

@@ -34,8 +34,9 @@ from xdbert.clip import check_name, clip_block_mask
 from xdbert.errors import PipelineError
 from xdbert.model import IGNORE_INDEX, LOSSES
 from xdbert.model.clip_tower import CLIPTextTower, ClipLayout
-from xdbert.model.encoders import RANDOM_PREFIX, build_language_encoder, load_pretrained_mlm_head
+from xdbert.model.encoders import build_language_encoder, load_pretrained_mlm_head
 from xdbert.model.layers import CrossModalLayer, MaskedTokenHead, MatchHead
+from xdbert.random_encoder import RANDOM_PREFIX
 
 
 @dataclass
