@@ -78,7 +78,7 @@ def random_encoder_config(name: str, config_overrides: dict | None = None, vocab
 def build_masked_lm(name: str, config_overrides: dict | None = None, vocab_size: int | None = None) -> PreTrainedModel:
     """A random `random:<model_type>` encoder with its family's MLM head (`AutoModelForMaskedLM`), to pretrain."""
     if not name.startswith(RANDOM_PREFIX):
-        raise PipelineError(f"only random:<model_type> encoders are pretrained here; `{name}` is used as downloaded")
+        raise ValueError(f"only random:<model_type> encoders are pretrained here; `{name}` is used as downloaded")
     return AutoModelForMaskedLM.from_config(random_encoder_config(name, config_overrides, vocab_size))
 
 
