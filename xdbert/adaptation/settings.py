@@ -129,7 +129,7 @@ class AdaptSettings:
             raise PipelineError(f"{where} overrides unknown keys {sorted(unknown, key=str)}; allowed: {sorted(k for k in a if k not in NOT_SETTINGS)}")
         s = {k: v for k, v in a.items() if k not in NOT_SETTINGS} | overrides
 
-        def key_of(key: str) -> str:
+        def key_of(key: str) -> str:  # name the key the value came from: the variant's override or the default
             return setting_key(params, variant, key)
 
         missing = [f.name for f in fields(cls) if f.name not in s]
