@@ -45,6 +45,7 @@ from xdbert.adaptation.settings import AdaptSettings
 from xdbert.model.modeling import XDBertConfig, XDBertModel, locate
 from xdbert.model.settings import ModelSettings
 from xdbert.clip import clip_special_ids
+from provenance import code_version, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXT = 77
@@ -186,7 +187,7 @@ def main() -> None:
         r["wiki103_epoch_minutes"] = WIKI103_WINDOWS / r["windows_per_second"] / 60
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     result = {
-        "sizes": args.sizes, **s, "batch": batch_size, "steps_timed": args.steps, "device": gpu or "cpu",
+        **code_version(), "sizes": args.sizes, **s, "batch": batch_size, "steps_timed": args.steps, "device": gpu or "cpu",
         "precision": "bf16 autocast" if bf16 else "fp32", "compiled": args.compile, "threads": args.threads, "load_average_1min": load,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "xdbert": results["xdbert"], "reference": results["reference"], "overhead": overhead,
@@ -212,6 +213,7 @@ max_len {s['max_len']}, {s['n_blocks']} CLIP blocks of 77, batch {batch_size} wi
 the cross layers come on top of the same encoder). One wiki103 epoch = {WIKI103_WINDOWS:,} windows (the paper's ~800
 steps of 256); the paper took {PAPER_EPOCH_MINUTES} minutes on 8 V100s (goal on one H100: under 10 minutes).
 Timings on a shared machine vary from run to run; rerun with `{shlex.join(['python', *sys.argv])}`.
+{describe(result)}
 """
     (args.out / "adapt_speed.md").write_text(md, encoding="utf-8")
     print(md)

@@ -53,6 +53,7 @@ from accelerate import PartialState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adapt_speed import PAPER_TRAIN_SIZES, PEAK_BF16_TFLOPS, WIKI103_WINDOWS, profiled, step_flops  # noqa: E402
+from provenance import code_version, describe  # noqa: E402
 
 from xdbert import params as P  # noqa: E402
 from xdbert.adaptation.loop import BatchMaker, adapt  # noqa: E402
@@ -283,7 +284,7 @@ def write(args, p: dict, rows: list[dict]) -> None:
                      "finetune_tokens_by_kind": kinds, "matmul_parameters": sizes,
                      "adapt_gpu_hours": sum(r["adaptation_gpu_hours"] for r in mine) if timed else None})
     launcher = ["torchrun", "--nproc_per_node", os.environ["WORLD_SIZE"]] if "LOCAL_RANK" in os.environ else ["python"]
-    result = {"command": shlex.join([*launcher, *sys.argv]), "device": gpu or "cpu", "torch": torch.__version__,
+    result = {**code_version(), "command": shlex.join([*launcher, *sys.argv]), "device": gpu or "cpu", "torch": torch.__version__,
               "machine": f"{platform.processor() or platform.machine()}", "sizes": args.sizes, "rows": rows, "cost": cost,
               "finetune_mfu": args.finetune_mfu, "full_mfu": args.full_mfu, "tokens_per_example": args.tokens_per_example, "peak_tflops": peak}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -291,7 +292,7 @@ def write(args, p: dict, rows: list[dict]) -> None:
     pct = lambda v: f"{v:.1%}" if v is not None else "n/a (CPU)"
     gib = lambda v: f"{v:.1f}" if v is not None else "n/a"
     title = "The paper run's finetuning cost per family" if args.finetune_only else "The adapt stage's loop"
-    lines = [f"# {title}, {args.sizes} sizes, on {gpu or 'the CPU'}", "", f"`{result['command']}` (torch {torch.__version__})."]
+    lines = [f"# {title}, {args.sizes} sizes, on {gpu or 'the CPU'}", "", f"`{result['command']}` (torch {torch.__version__}). {describe(result)}"]
     if not args.finetune_only:
         r0 = rows[0]
         lines += ["", f"{r0['processes']} process(es) ({r0['distributed']}), precision {r0['precision']}, "

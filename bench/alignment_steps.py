@@ -47,6 +47,7 @@ import torch  # noqa: E402
 from xdbert import io, params  # noqa: E402
 from xdbert.adaptation import masking  # noqa: E402
 from xdbert.model import modeling  # noqa: E402
+from provenance import code_version, describe  # noqa: E402
 
 CLS, SEP, MASK, FIRST_WORD = 2, 3, 4, 10      # BERT ids; ids below FIRST_WORD are special
 SOT, EOT, FIRST_CLIP = 49406, 49407, 1000     # CLIP ids; word w is FIRST_CLIP + 7 * w
@@ -157,7 +158,7 @@ def report(args: dict, m: dict, a: dict, curve: list[dict], seconds_per_step: fl
     vocab = args["words"] + args["topics"] * args["topic_words"]
     copy_at = next((c["step"] for c in curve if c["mlm_loss"] < math.log(vocab) / 4), None)
     match_at = next((c["step"] for c in curve if c.get("match_accuracy", 0) > 0.6), None)
-    result = {"args": args, "encoder_config": m.get("encoder_config"), "clip": m["clip"],
+    result = {**code_version(), "args": args, "encoder_config": m.get("encoder_config"), "clip": m["clip"],
               "cross_layers": a["cross_layers"], "seconds_per_step": seconds_per_step,
               "mlm_copies_from_step": copy_at, "match_above_0.6_from_step": match_at, "curve": curve}
     own = "match" in losses and args.get("mlm_negatives") == "own"
@@ -184,7 +185,7 @@ def report(args: dict, m: dict, a: dict, curve: list[dict], seconds_per_step: fl
         f"- MLM copies from the CLIP side (loss < ln({vocab})/4 = {math.log(vocab) / 4:.2f}) from step: "
         f"**{copy_at or never}**",
         *([f"- MATCH accuracy above 0.6 from step: **{match_at or never}**"] if "match" in losses else []),
-        f"- {seconds_per_step} s per step on {args['threads']} thread(s)", "",
+        f"- {seconds_per_step} s per step on {args['threads']} thread(s)", "", describe(result), "",
         *table(curve, "match" in losses),
     ]
     io.write_text(out_dir / f"{stem}.md", "\n".join(lines) + "\n")

@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from provenance import code_version, describe  # noqa: E402
 from xdbert import numerics  # noqa: E402
 
 # Runs a stage script as DVC would, optionally with the environment from before `import xdbert`.
@@ -103,7 +104,7 @@ def main() -> None:
     from xdbert.numerics import cpu_description
 
     cpu = cpu_description()
-    result = {"cpu": cpu, "rounds": args.rounds, "seconds": seconds, "total": total,
+    result = {**code_version(), "cpu": cpu, "rounds": args.rounds, "seconds": seconds, "total": total,
               "ratio_capped_to_plain": total["capped"] / total["plain"], "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     stem = "cpu_caps_cost_repro" if args.stages == "all" else "cpu_caps_cost"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -119,7 +120,7 @@ def main() -> None:
         lines.append(f"| {stage} | {', '.join(f'{x:.1f}' for x in v['capped'])} | "
                      f"{', '.join(f'{x:.1f}' for x in v['plain'])} | {c / p:.3f} |")
     lines += [f"| **all** | {total['capped']:.1f} | {total['plain']:.1f} | **{result['ratio_capped_to_plain']:.3f}** |",
-              "", f"Rerun with `python {' '.join(sys.argv)}`."]
+              "", f"Rerun with `python {' '.join(sys.argv)}`. {describe(result)}"]
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

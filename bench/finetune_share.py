@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adapt_speed import profiled  # noqa: E402
 from adapt_stage_speed import finetune_tokens, matmul_parameters  # noqa: E402
 from finetune_speed import SIZES, build_bert, finetune_settings  # noqa: E402  (the same model and recipe)
+from provenance import code_version, describe  # noqa: E402
 
 from xdbert.data.synthetic.tasks import generate_task  # noqa: E402
 from xdbert.data.tasks.registry import get_task  # noqa: E402
@@ -245,7 +246,7 @@ def write(args, n_params: int, rows: list[dict]) -> None:
     if args.kind == "full":
         model, counted = f"Random cross-modal model on BERT {args.size}", "parameters outside embedding tables"
         projection = "paper grid's BERT-b `full` runs"
-    result = {"device": device, "torch": torch.__version__, "size": args.size, "kind": args.kind, "parameters": n_params,
+    result = {**code_version(), "device": device, "torch": torch.__version__, "size": args.size, "kind": args.kind, "parameters": n_params,
               "task": args.task, "train_examples": args.train, "epochs": args.epochs, "lr": args.lr,
               "batch_size": args.batch_size, "compile": compiled,
               "cuda_graph": args.cuda_graph, "stack": args.stack,
@@ -271,7 +272,7 @@ def write(args, n_params: int, rows: list[dict]) -> None:
                      f"{r['tokens_per_second'] / base:.2f}x | {r['mfu']:.1%} | {r['projected_gpu_hours']:.2f} | "
                      f"{r['loop_tokens_per_second']:,.0f} | {r['loop_mfu']:.1%} | "
                      f"{r['peak_gib_per_run']:.1f} | {min(acc):.3f}-{max(acc):.3f} | {r['warmup_seconds']:.0f} |")
-    lines += ["", f"Rerun with `python {' '.join(sys.argv)}`."]
+    lines += ["", f"Rerun with `python {' '.join(sys.argv)}`. {describe(result)}"]
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 

@@ -46,6 +46,7 @@ import pyarrow as pa
 import torch
 
 from adapt_speed import PAPER_TRAIN_SIZES
+from provenance import code_version, describe
 from xdbert import params
 from xdbert.data.synthetic.tasks import generate_task
 from xdbert.data.tasks.metrics import compute_metrics
@@ -230,7 +231,7 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     device = f"{torch.cuda.get_device_name(0)}, bf16 autocast" if torch.cuda.is_available() else "CPU, fp32"
     result = {
-        "task": args.task, "data": source, "train_examples": n_train, "dev_examples": tables[spec.dev_splits[0]].num_rows,
+        **code_version(), "task": args.task, "data": source, "train_examples": n_train, "dev_examples": tables[spec.dev_splits[0]].num_rows,
         "epochs": args.epochs, "batch_size": args.batch_size, "length_group": args.length_group, "lr": args.lr, "seed": args.seed, "threads": args.threads,
         "model": f"random BERT {args.size} ({SIZES[args.size]['num_hidden_layers']} layers x {SIZES[args.size]['hidden_size']}), WordPiece 4000",
         "metric": spec.metric, "device": device, "compiled": args.compile, "cuda_graph": args.cuda_graph, "pipeline": ours, "trainer": ref, "speedup": ratio,
@@ -263,6 +264,7 @@ Task `{args.task}` ({source}): {n_train} training / {result['dev_examples']} dev
 The pipeline's batches hold {pad:.3f} padded tokens per real token; the Trainer's
 {ref['train_tokens_padded'] / ours['train_tokens_real']:.2f}. The dev metrics differ only through batch composition and order.
 Timings on a shared machine vary from run to run; rerun with `{shlex.join(['python', *sys.argv])}`.
+{describe(result)}
 """
     if grid:
         r, h = grid["examples_per_second_at_128"], grid["table1_gpu_hours_upper_bound"]

@@ -12,7 +12,7 @@
 # package (run "reference"; this checkout's bench may import what the older package lacks):
 #   mkdir .ref && git archive COMMIT xdbert bench | tar -x -C .ref && REF=.ref bash bench/gpu_adapt.sh
 #
-#   bash bench/gpu_adapt.sh [STEPS]
+#   XDBERT_COMMIT=... XDBERT_DIRTY=... bash bench/gpu_adapt.sh [STEPS]   (the assignments: `python bench/provenance.py` here)
 # Results land in bench/results/gpu/, and as one archive in $OUT when $OUT is set (the device tool brings
 # back at most 8 files), beside the compile cache (compile-cache.tgz; bench/gpu_env.sh says how it is
 # carried back). Narrower calls: EAGER_ARGS (default "--variants all") picks step 1's runs, SKIP_DDP=1 and

@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from finetune_speed import SIZES, build_bert, finetune_settings  # noqa: E402
+from provenance import code_version, describe  # noqa: E402
 
 from xdbert.data.synthetic.tasks import generate_task  # noqa: E402
 from xdbert.data.tasks.registry import get_task  # noqa: E402
@@ -65,7 +66,7 @@ def main() -> None:
         build_bert(Path(tmp) / "bert", tables, spec, args.size)
         job = prepare("encoder", Path(tmp) / "bert", tables, settings)
         train_seed(job, 1, device)  # warm-up: kernels and batch shapes
-        result = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "CPU", "torch": torch.__version__,
+        result = {**code_version(), "device": torch.cuda.get_device_name(0) if device == "cuda" else "CPU", "torch": torch.__version__,
                   "size": args.size, "default": twice(job, device)}
         graphed = dataclasses.replace(job, hyperparameters=dataclasses.replace(job.hyperparameters, cuda_graph=True))
         result["eager vs recorded"] = twice(job, device, graphed)
@@ -74,7 +75,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_determinism.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Determinism of one finetuning seed on {result['device']}", "",
-             f"Random BERT {args.size}, RTE stand-in ({args.train} examples), 2 epochs, bf16 autocast, torch {torch.__version__}.", "",
+             f"Random BERT {args.size}, RTE stand-in ({args.train} examples), 2 epochs, bf16 autocast, torch {torch.__version__}. "
+             f"{describe(result)}", "",
              "| mode | losses bit-equal | last-loss difference | dev predictions equal | train s (run 1, run 2) |",
              "| --- | --- | --- | --- | --- |"]
     for mode in ("default", "eager vs recorded", "deterministic"):

@@ -2,6 +2,11 @@
 # machine's torch, this checkout importable, torch.compile's caches in one folder (filled from a carried
 # .compile-cache.tgz when there is one), the GPU recorded in $out/gpu.txt ($out set by the caller).
 mkdir -p "$out"
+# The tree comes without .git, so the commit every result records (bench/provenance.py) is passed in from
+# the checkout, as `python bench/provenance.py` prints it there: XDBERT_COMMIT=<sha> XDBERT_DIRTY=<0|1> bash bench/gpu_...
+if [ ! -e .git ]; then
+    echo "code: commit ${XDBERT_COMMIT:-unknown (no XDBERT_COMMIT passed in)}, dirty ${XDBERT_DIRTY:-unknown}" | tee "$out/commit.txt"
+fi
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site

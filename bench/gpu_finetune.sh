@@ -6,7 +6,7 @@
 # first compiled run needs over 120 s on its own. Each run process logs when it has prepared, warmed up
 # and finished, so a step stopped by its limit still says how far it got.
 #
-#   bash bench/gpu_finetune.sh TASK EPOCHS LR TRAIN
+#   XDBERT_COMMIT=... XDBERT_DIRTY=... bash bench/gpu_finetune.sh TASK EPOCHS LR TRAIN   (`python bench/provenance.py`)
 # The defaults (rte 3 5e-5 6000) are the RTE stand-in's pairs, about 33 real tokens each, GLUE-like (the
 # SST-2 stand-in's 12 understate a step's work). A tiny random BERT learns them on the CPU (dev accuracy
 # 0.752, chance 0.5: finetune_share.py --size tiny --task rte --train 3000 --epochs 3 --lr 1e-3), and a

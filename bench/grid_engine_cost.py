@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_caps_cost import ROOT, stage_commands  # noqa: E402
+from provenance import code_version, describe  # noqa: E402
 
 from xdbert.numerics import cpu_description  # noqa: E402
 
@@ -73,7 +74,7 @@ def main() -> None:
                 subprocess.run(["git", "worktree", "remove", "--force", str(work)], cwd=ROOT, capture_output=True)
     cpu = cpu_description()
     ratio = sum(seconds["head"]) / sum(seconds["ref"])
-    result = {"ref": args.ref, "head": head, "seconds": seconds, "ratio_head_to_ref": ratio, "cpu": cpu,
+    result = {**code_version(), "ref": args.ref, "head": head, "seconds": seconds, "ratio_head_to_ref": ratio, "cpu": cpu,
               "commands": {side: [" ".join(c) for c in cmds] for side, cmds in commands.items()}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "grid_engine_cost.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -86,7 +87,7 @@ def main() -> None:
     for side in ("ref", "head"):
         lines.append(f"| {args.ref if side == 'ref' else head} | {', '.join(f'{x:.1f}' for x in seconds[side])} | "
                      f"{sum(seconds[side]):.1f} |")
-    lines += ["", f"**{head} / {args.ref}: {ratio:.3f}x** the time.", "", f"Rerun with `python {' '.join(sys.argv)}`."]
+    lines += ["", f"**{head} / {args.ref}: {ratio:.3f}x** the time.", "", f"Rerun with `python {' '.join(sys.argv)}`. {describe(result)}"]
     (args.out / "grid_engine_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

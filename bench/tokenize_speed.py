@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from provenance import code_version, describe
+
 ROOT = Path(__file__).resolve().parents[1]
 WIKI103_TRAIN_MB = 540  # wikitext-103-raw-v1 train split, UTF-8
 
@@ -163,7 +165,7 @@ def main() -> None:
     print(f"ids: {check}")
     cores = len(os.sched_getaffinity(0))
     result = {
-        "text": "corpus " + str(args.corpus) if args.corpus else "generated",
+        **code_version(), "text": "corpus " + str(args.corpus) if args.corpus else "generated",
         "megabytes": round(megabytes, 3), "lines": len(lines), "windows": len(win),
         "max_len": args.max_len, "n_blocks": args.n_blocks, "bert_vocab": len(bert), "clip": args.clip,
         "cores": cores, "workers": args.workers, "cpu": platform.processor() or platform.machine(),
@@ -252,6 +254,8 @@ memo is warmer than in this short run, so these projections are on the slow side
 Ids: BERT equal on {c['bert_equal_lines']}/{c['lines']} lines, CLIP equal on {c['clip_equal_lines']}/{c['lines']} lines
 ({c['multi_window_lines']} lines span several windows and are compared window by window; {c['windows_checked']} windows).
 Identical: **{c['identical']}**.
+
+{describe(r)}
 """
 
 

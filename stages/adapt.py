@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from xdbert import io, params, paths, runlog
-from xdbert.adaptation.settings import AdaptSettings
+from xdbert.adaptation.settings import AdaptSettings, setting_key
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ModelSettings, ablation_family
 from xdbert.stage import run
@@ -65,10 +65,14 @@ def main() -> None:
     from xdbert.adaptation.loop import BatchMaker, adapt
     from xdbert.clip import clip_special_ids
     from xdbert.data.tokenization.vocab import check_shared_vocabulary
-    from xdbert.model.build import build_xdbert
+    from xdbert.model.build import build_xdbert, check_clip_heads
     from xdbert.model.modeling import PARTS, count_parameters
     from xdbert.model.saving import save_adapted, save_full
 
+    try:  # the tower's width is open_clip's to tell: here, before the shards are read
+        check_clip_heads(model.clip, settings.clip_heads)
+    except ValueError as e:
+        raise PipelineError(f"`{setting_key(p, variant, 'clip_heads')}` = {e}") from None
     shards.check_matches(manifest, tokenizer_dir=paths.TOKENIZER, clip_name=model.clip)
     check_shared_vocabulary(model.encoder, family, paths.TOKENIZER)
     # verify: a flipped byte inside a shard still reads as Arrow; only its sha256 tells

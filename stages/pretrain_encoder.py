@@ -37,7 +37,8 @@ def main() -> None:
 
     from xdbert.adaptation import pretraining
     from xdbert.data.tokenization.vocab import check_positions, check_tokenizer_folder, encoder_positions
-    from xdbert.model.encoders import RANDOM_PREFIX, build_masked_lm
+    from xdbert.model.encoders import build_masked_lm
+    from xdbert.random_encoder import RANDOM_PREFIX
 
     # A hub id's config comes from the cache or the hub: a misspelled or missing encoder fails here, before
     # the stage's folder is replaced, not at `adapt`.

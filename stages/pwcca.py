@@ -37,8 +37,9 @@ def main() -> None:
 
     from xdbert.clip import clip_tokenizer
     from xdbert.data.tokenization.vocab import load_encoder_tokenizer
-    from xdbert.model.encoders import RANDOM_PREFIX, build_language_encoder, encoder_source
+    from xdbert.model.encoders import build_language_encoder, encoder_source
     from xdbert.model.saving import load_clip_tower
+    from xdbert.random_encoder import RANDOM_PREFIX
     from xdbert.reports.header import header
 
     vocab = load_encoder_tokenizer(TOKENIZER).get_vocab()

@@ -208,7 +208,7 @@ def test_auto_precision_follows_the_gpu(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
         assert training.mixed_precision("auto", "cuda:0") == expected  # V100, T4, A100, H100
     assert training.mixed_precision("fp16", "cpu") == "fp16" and training.mixed_precision("no", "cuda:0") == "no"
-    with pytest.raises(PipelineError, match="unknown precision 'fp8'; allowed: auto, bf16, fp16, no"):
+    with pytest.raises(ValueError, match="unknown precision 'fp8'; allowed: auto, bf16, fp16, no"):
         training.mixed_precision("fp8", "cpu")
 
 
@@ -479,6 +479,9 @@ ERRORS = {
     "unknown_encoder_type": ("xdbert", {**TINY_MODEL, "model.encoder": "random:notamodel"}, False,
                              ["the encoder `random:notamodel`", "random:<a transformers model type>", "random:bert"]),
     "unknown_clip": ("xdbert", {**TINY_MODEL, "model.clip": "notaclip"}, False, ["`model.clip: notaclip`", "xdbert-tiny"]),
+    "clip_heads_not_dividing": ("mlm_match", {**TINY_MODEL, "adapt.variants.mlm_match": {"losses": ["mlm", "match"], "clip_heads": 3}},
+                                False, ["`adapt.variants.mlm_match.clip_heads` = 3 does not divide the width 64 of CLIP's text "
+                                        "tower `xdbert-tiny`; allowed: 1, 2, 4, 8, 16, 32, 64"]),
     "other_tokenizer": ("xdbert", TINY_MODEL, True, ["another vocabulary", "models/tokenizer", "dvc repro dual_tokenize"]),
 }
 

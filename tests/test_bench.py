@@ -1,9 +1,12 @@
 """The benchmarks that bench/gpu_*.sh run on the GPU machine need none of the packages it lacks.
 
 That machine has torch, transformers, accelerate and pyarrow, and the wheels the scripts carry, but not
-Ray, DVC or datasets. A benchmark that imported one of them lost a whole lease's results once.
+Ray, DVC or datasets. A benchmark that imported one of them lost a whole lease's results once. Every result
+names the commit it measured (bench/provenance.py), there passed in by the lease script.
 """
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +74,7 @@ def test_finetune_share_reports_both_rates_and_a_profile_of_stacked_seeds(tmp_pa
     assert result["stack"] == 2 and result["cuda_graph"] and [len(r["dev_accuracy"]) for r in rows] == [2, 4]
     table = (tmp_path / "share.md").read_text()
     assert "in loops: real tokens/s" in table and "| 1 x 2 stacked |" in table and "| 2 x 2 stacked |" in table
+    assert result["commit_from"] == "git" and f"Code: commit {result['commit'][:12]}" in table
     profile = (tmp_path / "share_profile.txt").read_text()
     assert profile.count("Self CPU time total") == 2  # two tables: by GPU time, by the host's own time
     assert done.stderr.count("warmed up in") == 3 and done.stderr.count("timed seeds done in") == 3
@@ -107,3 +111,69 @@ def test_gpu_determinism_compares_a_recorded_seed_with_an_eager_one(tmp_path):
     for mode in ("default", "eager vs recorded", "deterministic"):
         assert result[mode]["losses_equal"] and result[mode]["predictions_equal"], (mode, result[mode])
     assert "| eager vs recorded | True |" in (tmp_path / "gpu_determinism.md").read_text()
+
+
+# ---------------------------------------------------------------- the commit every result records
+
+def provenance():
+    """bench/provenance.py, as the benchmarks import it (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location("provenance", ROOT / "bench" / "provenance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@localhost", *args], cwd=repo, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_a_result_names_the_commit_and_whether_the_code_had_changes(tmp_path, monkeypatch):
+    pv = provenance()
+    monkeypatch.setenv(pv.COMMIT, "passed-in-but-git-knows")  # a checkout's own git wins
+    git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "code")
+    head = git(tmp_path, "rev-parse", "HEAD")
+    version = pv.code_version.__wrapped__  # not the once-per-process cache
+    (tmp_path / "bench" / "results" / "speed.json").write_text("{}\n")  # a benchmark's own result: still clean
+    assert version(tmp_path) == {"commit": head, "dirty": False, "commit_from": "git"}
+    assert pv.describe(version(tmp_path)) == f"Code: commit {head[:12]}, clean."
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert version(tmp_path) == {"commit": head, "dirty": True, "commit_from": "git"}
+    assert pv.describe(version(tmp_path)) == f"Code: commit {head[:12]}, uncommitted changes."
+
+
+def test_without_git_the_result_says_the_commit_was_passed_in(tmp_path, monkeypatch):
+    pv = provenance()
+    version = pv.code_version.__wrapped__
+    monkeypatch.delenv(pv.COMMIT, raising=False)
+    assert version(tmp_path) == {"commit": None, "dirty": None,
+                                 "commit_from": "unknown: no .git here and no XDBERT_COMMIT passed in"}
+    monkeypatch.setenv(pv.COMMIT, "0123456789abcdef0123")
+    monkeypatch.setenv(pv.DIRTY, "1")
+    passed = version(tmp_path)
+    assert passed == {"commit": "0123456789abcdef0123", "dirty": True, "commit_from": "passed in (XDBERT_COMMIT, no .git here)"}
+    assert pv.describe(passed) == "Code: commit 0123456789ab, uncommitted changes (passed in (XDBERT_COMMIT, no .git here))."
+    monkeypatch.delenv(pv.DIRTY)
+    assert version(tmp_path)["dirty"] is None
+
+
+def test_the_lease_scripts_pass_what_provenance_prints(tmp_path):
+    """`python bench/provenance.py` here prints the assignments; gpu_env.sh, which every lease script sources,
+    writes what it was given beside the results."""
+    printed = subprocess.run([sys.executable, "bench/provenance.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert re.fullmatch(r"XDBERT_COMMIT=[0-9a-f]{40} XDBERT_DIRTY=[01]\n", printed.stdout)
+    env_sh = (ROOT / "bench" / "gpu_env.sh").read_text()
+    assert '"$out/commit.txt"' in env_sh
+    for script in ("gpu_adapt.sh", "gpu_finetune.sh"):
+        assert "source bench/gpu_env.sh" in (ROOT / "bench" / script).read_text()
+
+
+def test_every_benchmark_that_writes_a_result_records_the_commit():
+    writers = [p for p in sorted((ROOT / "bench").glob("*.py")) if re.search(r"write_text\(|write_json\(", p.read_text())]
+    assert len(writers) >= 9
+    missing = [p.name for p in writers if "**code_version()" not in p.read_text()]
+    assert missing == [], f"benchmarks whose results do not record the commit: {missing}"

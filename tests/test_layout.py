@@ -80,16 +80,54 @@ def package_modules() -> list[str]:
                   for p in (ROOT / PACKAGE).rglob("*.py"))
 
 
-def test_no_import_cycles():
-    """Counting every import, lazy ones too; a package's `__init__` importing its own modules is no cycle."""
+def import_graph() -> dict[str, set[str]]:
+    """Each package module -> the package modules it imports, lazy imports too, its own parent packages not."""
     graph = {}
     for name in package_modules():
         deps = imported_modules(module_file(name)) - {name}
-        graph[name] = {d for d in deps if not name.startswith(d + ".")}  # a module's own parent packages
+        graph[name] = {d for d in deps if not name.startswith(d + ".")}
+    return graph
+
+
+def test_no_import_cycles():
+    """Counting every import, lazy ones too; a package's `__init__` importing its own modules is no cycle."""
+    graph = import_graph()
     try:
         tuple(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as e:
         pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
+
+
+# docs/architecture.md's tiers after the base, in order; the base is every other top-level module of the package
+TIERS = (("data",), ("model",), ("adaptation",), ("finetuning",), ("analysis", "reports"),
+         ("cli", "params_check", "fetch", "mirror", "rehearse"))
+
+
+def tier(module: str) -> int:
+    """0 for the base, i + 1 for the i-th of TIERS: xdbert.data.corpus -> 1, xdbert.io -> 0."""
+    top = module.split(".")[1] if "." in module else ""
+    return next((i + 1 for i, names in enumerate(TIERS) if top in names), 0)
+
+
+def later_tier_imports(graph: dict[str, set[str]]) -> list[str]:
+    name = lambda module: "/".join(TIERS[tier(module) - 1]) if tier(module) else "base"  # noqa: E731
+    return sorted(f"{m} ({name(m)}) imports {d} ({name(d)})" for m, deps in graph.items() for d in deps if tier(d) > tier(m))
+
+
+def test_no_module_imports_a_later_tier():
+    """docs/architecture.md: a module imports from its own tier and the ones before it, lazily or not."""
+    assert later_tier_imports(import_graph()) == []
+
+
+def test_the_tier_check_sees_a_later_import():
+    graph = import_graph()
+    assert tier("xdbert") == tier("xdbert.random_encoder") == tier("xdbert.profiles") == 0
+    assert tier("xdbert.reports.header") == tier("xdbert.analysis.pwcca") < tier("xdbert.mirror")
+    # the tokenizer's vocabulary once took `random:` from model/settings.py
+    graph["xdbert.data.tokenization.vocab"].add("xdbert.model.settings")
+    graph["xdbert.training"].add("xdbert.cli")
+    assert later_tier_imports(graph) == ["xdbert.data.tokenization.vocab (data) imports xdbert.model.settings (model)",
+                                         "xdbert.training (base) imports xdbert.cli (cli/params_check/fetch/mirror/rehearse)"]
 
 
 def test_modules_stay_small():

@@ -9,6 +9,7 @@ import scipy.stats
 import yaml
 
 from conftest import load_stage
+from xdbert.analysis import cca as C
 from xdbert.analysis import pwcca as P
 from xdbert.errors import PipelineError
 from xdbert.paths import PRETRAIN_CLIP, PRETRAIN_ENCODER
@@ -26,7 +27,7 @@ def views(n=600, d1=12, d2=8, seed=0, noise=0.5):
 
 def test_identical_views_give_one():
     x, _ = views()
-    r = P.pwcca(x, x, eps=0.0)
+    r = C.pwcca(x, x, eps=0.0)
     assert r.value == pytest.approx(1.0, abs=1e-9)
     np.testing.assert_allclose(r.rho, 1.0, atol=1e-9)
     assert r.weights.sum() == pytest.approx(1.0)
@@ -36,21 +37,21 @@ def test_invertible_linear_map_gives_one():
     x, _ = views(d1=10)
     a = np.random.default_rng(1).normal(size=(10, 10))
     assert abs(np.linalg.det(a)) > 1e-3
-    assert P.pwcca(x, x @ a + 3.0, eps=0.0).value == pytest.approx(1.0, abs=1e-8)
+    assert C.pwcca(x, x @ a + 3.0, eps=0.0).value == pytest.approx(1.0, abs=1e-8)
     # the relative ridge keeps this true at the default eps up to its tiny bias
-    assert P.pwcca(x, x @ a, eps=1e-8).value == pytest.approx(1.0, abs=1e-5)
+    assert C.pwcca(x, x @ a, eps=1e-8).value == pytest.approx(1.0, abs=1e-5)
 
 
 def test_scale_of_the_data_does_not_matter():
     x, y = views()
-    ref = P.pwcca(x, y, eps=1e-3).value
-    assert P.pwcca(1e-3 * x, 1e4 * y, eps=1e-3).value == pytest.approx(ref, rel=1e-9)
+    ref = C.pwcca(x, y, eps=1e-3).value
+    assert C.pwcca(1e-3 * x, 1e4 * y, eps=1e-3).value == pytest.approx(ref, rel=1e-9)
 
 
 def test_independent_noise_is_far_lower():
     x, y = views(n=2000, noise=0.3)
     noise = np.random.default_rng(7).uniform(-1, 1, size=x.shape)
-    related, unrelated = P.pwcca(x, y).value, P.pwcca(x, noise).value
+    related, unrelated = C.pwcca(x, y).value, C.pwcca(x, noise).value
     assert related > 0.8
     assert unrelated < 0.15  # ~ sqrt(d / n) for independent views
     assert unrelated < related / 5
@@ -61,8 +62,8 @@ def test_one_dimensional_views_give_abs_pearson():
     x = rng.normal(size=(200, 1))
     y = -0.7 * x + rng.normal(size=(200, 1))
     r = abs(scipy.stats.pearsonr(x[:, 0], y[:, 0])[0])
-    assert P.cca(x, y, eps=0.0).rho[0] == pytest.approx(r, abs=1e-12)
-    assert P.pwcca(x, y, eps=0.0).value == pytest.approx(r, abs=1e-12)
+    assert C.cca(x, y, eps=0.0).rho[0] == pytest.approx(r, abs=1e-12)
+    assert C.pwcca(x, y, eps=0.0).value == pytest.approx(r, abs=1e-12)
 
 
 def direct_cca(x, y):
@@ -78,9 +79,9 @@ def direct_cca(x, y):
 def test_matches_direct_computation():
     x, y = views(n=300, d1=7, d2=5, seed=11)
     rho, a, xc = direct_cca(x, y)
-    got = P.cca(x, y, eps=0.0)
+    got = C.cca(x, y, eps=0.0)
     np.testing.assert_allclose(got.rho, rho, atol=1e-10)
-    np.testing.assert_allclose(P.pwcca(x, y, eps=0.0, convention="svcca").rho, rho, atol=1e-10)
+    np.testing.assert_allclose(C.pwcca(x, y, eps=0.0, convention="svcca").rho, rho, atol=1e-10)
     # the variates from both routes are the same directions (up to sign)
     h_ref = xc @ a
     h_ref /= np.linalg.norm(h_ref, axis=0)
@@ -93,11 +94,11 @@ def test_matches_direct_computation():
     hy /= np.linalg.norm(hy, axis=0)
     weights = np.abs(hy.T @ ycc).sum(axis=1)
     weights /= weights.sum()
-    res = P.pwcca(x, y, eps=0.0, convention="whitened")
+    res = C.pwcca(x, y, eps=0.0, convention="whitened")
     assert res.weighted_by == "y"
     np.testing.assert_allclose(res.weights, weights, atol=1e-8)
     assert res.value == pytest.approx(float(weights @ rho_y), abs=1e-10)
-    assert P.pwcca(x, y, eps=0.0, weight_by="x").weighted_by == "x"
+    assert C.pwcca(x, y, eps=0.0, weight_by="x").weighted_by == "x"
 
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "pwcca_reference"
@@ -114,12 +115,12 @@ def test_svcca_convention_matches_google_svcca(case):
     """Values google/svcca's compute_pwcca computed on fixed views (../shared/pwcca_reference)."""
     views = np.load(REFERENCE / "views.npz")
     x, y = views[case["x"]], views[case["y"]]
-    got = P.pwcca(x, y, eps=case["epsilon"], min_ratio=1, convention="svcca")
+    got = C.pwcca(x, y, eps=case["epsilon"], min_ratio=1, convention="svcca")
     assert len(got.rho) == case["n_coefficients"]
     assert got.value == pytest.approx(case["pwcca"], abs=1e-8)
     assert float(np.mean(got.rho)) == pytest.approx(case["mean_cca"], abs=1e-8)
     # the whitened convention finds the same correlations but weighs them otherwise, by Table 2-sized gaps
-    whitened = P.pwcca(x, y, eps=case["epsilon"], min_ratio=1, convention="whitened")
+    whitened = C.pwcca(x, y, eps=case["epsilon"], min_ratio=1, convention="whitened")
     assert float(np.mean(whitened.rho)) == pytest.approx(case["mean_cca"], abs=1e-4)  # its eps is relative otherwise
     assert abs(whitened.value - case["pwcca"]) > 0.02
 
@@ -147,7 +148,7 @@ def svcca_second_view(x, y):
 
 def test_svcca_convention_weights_a_narrower_second_view_by_that_view():
     x, y = views(n=400, d1=12, d2=6, seed=5)
-    got = P.pwcca(x, y, eps=0.0, convention="svcca")
+    got = C.pwcca(x, y, eps=0.0, convention="svcca")
     assert got.weighted_by == "y" and len(got.weights) == 6
     assert got.value == pytest.approx(svcca_second_view(x, y), abs=1e-10)
 
@@ -155,14 +156,18 @@ def test_svcca_convention_weights_a_narrower_second_view_by_that_view():
 def test_unknown_convention_is_refused():
     x, y = views()
     with pytest.raises(ValueError, match="convention must be one of"):
-        P.pwcca(x, y, convention="morcos")
+        C.pwcca(x, y, convention="morcos")
 
 
 def test_too_few_words_names_both_numbers():
     x, y = views(n=50, d1=12, d2=8)
-    with pytest.raises(PipelineError, match=r"50 shared words.*widths 12 and 8.*60 words"):
-        P.pwcca(x, y)
-    assert P.pwcca(x, y, min_ratio=4).value > 0  # 50 >= 4 * 12
+    with pytest.raises(C.TooFewPoints, match=r"50 shared words.*widths 12 and 8.*60 words$"):
+        C.pwcca(x, y)
+    assert C.pwcca(x, y, min_ratio=4).value > 0  # 50 >= 4 * 12
+    # the math knows no params; the stage's library names the one to change
+    with pytest.raises(PipelineError, match=r"50 shared words.*widths 12 and 8.*60 words \(param `pwcca.min_words_ratio`\); "
+                                            r"use vocabularies that share more whole words, or lower the ratio knowingly$"):
+        P.pairwise({"bert": x, "clip": y}, [("bert", "clip")])
 
 
 def test_shared_words_from_wordpiece_and_clip_bpe():
@@ -303,9 +308,9 @@ def test_stage_compares_two_random_families_through_their_stand_ins(tmp_path, mo
     shared = P.shared_words({"bert": words, "clip": P.clip_bpe_words(clip_tokenizer("xdbert-tiny").encoder)})
     rows = {f: P.embedding_rows(AutoModel.from_pretrained(tmp_path / PRETRAIN_ENCODER / f).get_input_embeddings().weight
                                 .detach().numpy(), words, shared) for f in ("bert", "electra")}
-    assert pairs["bert/electra"]["pwcca"] == pytest.approx(P.pwcca(rows["bert"], rows["electra"]).value, abs=1e-6)
+    assert pairs["bert/electra"]["pwcca"] == pytest.approx(C.pwcca(rows["bert"], rows["electra"]).value, abs=1e-6)
     noise = P.uniform_noise((400, 32), 0)
-    assert pairs["electra/random"]["pwcca"] == pytest.approx(P.pwcca(rows["electra"], noise).value, abs=1e-6)
+    assert pairs["electra/random"]["pwcca"] == pytest.approx(C.pwcca(rows["electra"], noise).value, abs=1e-6)
     md = (tmp_path / "reports" / "table2.md").read_text()
     assert "| BERT-tiny/ELECTRA-tiny |" in md and "| ELECTRA-tiny/RANDOM |" in md and "paper |" not in md
     assert ("Systems: BERT-tiny (random:bert); ELECTRA-tiny (random:electra); CLIP (CLIP-T xdbert-tiny); "
@@ -345,7 +350,7 @@ def test_random_is_shaped_like_the_first_family_the_pairs_name():
 
 
 def test_the_paper_values_go_by_the_families_labels():
-    r = P.PWCCAResult(0.5, np.ones(2) / 2, np.ones(2), "x", "svcca")
+    r = C.PWCCAResult(0.5, np.ones(2) / 2, np.ones(2), "x", "svcca")
     v = {k: np.zeros((3, 2)) for k in ("b", "e", "l", "clip", "random")}
     labels = P.system_labels({"b": "BERT-b", "e": "ELECTRA-b", "l": "ELECTRA-l"})
     pairs = [("e", "b"), ("clip", "e"), ("b", "random"), ("l", "clip"), ("e", "random")]

@@ -122,7 +122,7 @@ def workload(tmp_path) -> dict[str, str]:
 
 def analysis_workload() -> dict[str, str]:
     """Table 2's PWCCA in both conventions and the correlation metrics, on fixed float64 inputs."""
-    from xdbert.analysis.pwcca import pwcca
+    from xdbert.analysis.cca import pwcca
     from xdbert.data.tasks.metrics import compute_metrics
 
     rng = np.random.default_rng(0)

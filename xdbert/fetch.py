@@ -22,7 +22,7 @@ from xdbert import params as P
 from xdbert.data import provided
 from xdbert.errors import PipelineError
 from xdbert.hub import LOCK, hub_request
-from xdbert.model.settings import RANDOM_PREFIX
+from xdbert.random_encoder import RANDOM_PREFIX
 
 # What a model repository holds that no loader here reads: other frameworks' weights and exports.
 MODEL_IGNORE = ["*.h5", "*.msgpack", "*.ot", "*.onnx", "*.tflite", "onnx/*", "coreml/*", "openvino/*", "rust_model*"]

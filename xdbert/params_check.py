@@ -27,7 +27,8 @@ from xdbert.data.tokenization.vocab import check_positions, encoder_positions
 from xdbert.errors import PipelineError
 from xdbert.fetch import requested_revisions
 from xdbert.finetuning.settings import FinetuneSettings
-from xdbert.model.settings import RANDOM_PREFIX, ModelSettings, ablation_family, family_names
+from xdbert.model.settings import ModelSettings, ablation_family, family_names
+from xdbert.random_encoder import RANDOM_PREFIX
 from xdbert.reports.settings import AggregateSettings
 
 

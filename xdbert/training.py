@@ -58,7 +58,7 @@ def mixed_precision(setting: str, device: str | torch.device) -> str:
     loss scaling where it does not (V100, T4: the paper's own GPUs), and full precision on the CPU,
     where bf16 and fp16 matmuls are slow on most CPUs."""
     if setting not in PRECISIONS:
-        raise PipelineError(f"unknown precision {setting!r}; allowed: {', '.join(PRECISIONS)}")
+        raise ValueError(f"unknown precision {setting!r}; allowed: {', '.join(PRECISIONS)}")
     if setting != "auto":
         return setting
     device = torch.device(device)

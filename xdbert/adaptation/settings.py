@@ -65,6 +65,29 @@ class PretrainSettings:
 NOT_SETTINGS = ("family", "variants", "baseline")  # keys of the adapt section that name runs, not values
 
 
+def variant_overrides(params: dict, variant: str) -> tuple[dict, str]:
+    """(what variant `variant` changes of the `adapt` defaults, the key that holds it): `xdbert` changes nothing,
+    `baseline` is `adapt.baseline`, an ablation a key of `adapt.variants`."""
+    a = P.section(params, "adapt")
+    P.choice(variant, "adaptation variant", [P.PROPOSED, P.BASELINE, *P.variant_names(params)])
+    if variant == P.PROPOSED:
+        overrides, where = {}, "adapt"
+    elif variant == P.BASELINE:
+        overrides, where = a.get("baseline"), "adapt.baseline"
+    else:
+        overrides, where = a["variants"][variant], f"adapt.variants.{variant}"
+    overrides = {} if overrides is None else overrides  # `name:` or `name: {}`: the defaults as they are
+    if not isinstance(overrides, dict):
+        raise PipelineError(f"`{where}` must map adapt keys to the values this variant changes; got {overrides!r}")
+    return overrides, where
+
+
+def setting_key(params: dict, variant: str, key: str) -> str:
+    """The full key variant `variant`'s `key` comes from: its own override, or the `adapt` default."""
+    overrides, where = variant_overrides(params, variant)
+    return f"{where}.{key}" if key in overrides else f"adapt.{key}"
+
+
 @dataclass(frozen=True)
 class AdaptSettings:
     """One adaptation variant: the `adapt` defaults with the variant's overrides applied."""
@@ -100,17 +123,7 @@ class AdaptSettings:
         """Variant `variant`, every value checked: `xdbert` (the proposed setting: the defaults as they are),
         `baseline` (`adapt.baseline`) or an ablation (a key of `adapt.variants`)."""
         a = P.section(params, "adapt")
-        names = P.variant_names(params)
-        P.choice(variant, "adaptation variant", [P.PROPOSED, P.BASELINE, *names])
-        if variant == P.PROPOSED:
-            overrides, where = {}, "adapt"
-        elif variant == P.BASELINE:
-            overrides, where = a.get("baseline"), "adapt.baseline"
-        else:
-            overrides, where = a["variants"][variant], f"adapt.variants.{variant}"
-        overrides = {} if overrides is None else overrides  # `name:` or `name: {}`: the defaults as they are
-        if not isinstance(overrides, dict):
-            raise PipelineError(f"`{where}` must map adapt keys to the values this variant changes; got {overrides!r}")
+        overrides, where = variant_overrides(params, variant)
         unknown = set(overrides) - (set(a) - set(NOT_SETTINGS))
         if unknown:
             raise PipelineError(f"{where} overrides unknown keys {sorted(unknown, key=str)}; allowed: {sorted(k for k in a if k not in NOT_SETTINGS)}")
@@ -118,7 +131,7 @@ class AdaptSettings:
         s = {k: a[k] for k in a if k not in NOT_SETTINGS and k not in overrides} | overrides
 
         def key_of(key: str) -> str:  # name the key the value came from: the variant's override or the default
-            return f"{where}.{key}" if key in overrides else f"adapt.{key}"
+            return setting_key(params, variant, key)
 
         missing = [f.name for f in fields(cls) if f.name not in s]
         if missing:

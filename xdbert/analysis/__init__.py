@@ -3,6 +3,7 @@ grounded ratio of improved and worsened dev examples (Figure 4, Appendix D) and 
 (Table 9) with a per-head alignment score (in the spirit of "What does BERT with vision look at?").
 
 Each module holds its params section's settings (`PwccaSettings`, `GroundingSettings`,
-`AttentionSettings`), the computation and its report; `figure4` draws and writes Figure 4. The stages
+`AttentionSettings`), the computation and its report; `figure4` draws and writes Figure 4, and `cca` is
+the CCA and PWCCA math alone, in numpy. The stages
 `stages/pwcca.py`, `stages/grounding.py` and `stages/attention.py` load the inputs and call them.
 """

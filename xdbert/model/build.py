@@ -50,7 +50,8 @@ def xdbert_config(model: ModelSettings, variant: Variant, *, vocab_size: int, cl
 
 
 def check_clip_heads(clip: str, heads: int) -> None:
-    """The cross layers' CLIP stream splits the width of CLIP's text tower into `adapt.clip_heads` heads."""
+    """The cross layers' CLIP stream splits the width of CLIP's text tower into `heads` heads (`adapt.clip_heads`,
+    or a variant's own: the adapt stage names the key). Raises ValueError with the heads that would."""
     import open_clip
 
     from xdbert.clip import check_name
@@ -58,14 +59,13 @@ def check_clip_heads(clip: str, heads: int) -> None:
     width = open_clip.get_model_config(check_name(clip))["text_cfg"]["width"]
     if width % heads:
         allowed = [h for h in range(1, min(width, 64) + 1) if width % h == 0]
-        raise PipelineError(f"`adapt.clip_heads` (or a variant's own) = {heads} does not divide the width {width} of "
-                            f"CLIP's text tower `{clip}`; allowed: {', '.join(map(str, allowed))}")
+        raise ValueError(f"{heads} does not divide the width {width} of CLIP's text tower `{clip}`; "
+                         f"allowed: {', '.join(map(str, allowed))}")
 
 
 def build_xdbert(model: ModelSettings, variant: Variant, *, vocab_size: int, clip_blocks: int, clip_eot_id: int,
                  splits: Sequence, clip_tower: Path = paths.PRETRAIN_CLIP) -> XDBertModel:
     """The model a variant's adaptation starts from; `splits` are the token shards it trains and evaluates on."""
-    check_clip_heads(model.clip, variant.clip_heads)
     config = xdbert_config(model, variant, vocab_size=vocab_size, clip_blocks=clip_blocks, clip_eot_id=clip_eot_id)
     tower = None
     if config.uses_clip and not config.placeholder:  # loaded, not built: the hub's weights are not needed twice

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, Pretrained
 from xdbert import io, paths
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request, quiet_loading, source
-from xdbert.model.settings import RANDOM_PREFIX, random_default_config
+from xdbert.random_encoder import RANDOM_PREFIX, random_default_config
 
 if TYPE_CHECKING:
     from xdbert.model.layers import MaskedTokenHead
@@ -78,7 +78,7 @@ def random_encoder_config(name: str, config_overrides: dict | None = None, vocab
 def build_masked_lm(name: str, config_overrides: dict | None = None, vocab_size: int | None = None) -> PreTrainedModel:
     """A random `random:<model_type>` encoder with its family's MLM head (`AutoModelForMaskedLM`), to pretrain."""
     if not name.startswith(RANDOM_PREFIX):
-        raise PipelineError(f"only random:<model_type> encoders are pretrained here; `{name}` is used as downloaded")
+        raise ValueError(f"only random:<model_type> encoders are pretrained here; `{name}` is used as downloaded")
     return AutoModelForMaskedLM.from_config(random_encoder_config(name, config_overrides, vocab_size))
 
 

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-from xdbert.errors import PipelineError
 
 
 class MultiHeadAttention(nn.Module):
@@ -28,7 +27,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, width: int, context_width: int, heads: int, dropout: float):
         super().__init__()
         if width % heads:
-            raise PipelineError(f"attention width {width} is not divisible by {heads} heads; choose a head count that divides it")
+            raise ValueError(f"attention width {width} is not divisible by {heads} heads; choose a head count that divides it")
         self.heads = heads
         self.head_dim = width // heads
         self.query = nn.Linear(width, width)

@@ -31,11 +31,11 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from xdbert.clip import check_name, clip_block_mask
-from xdbert.errors import PipelineError
 from xdbert.model import IGNORE_INDEX, LOSSES
 from xdbert.model.clip_tower import CLIPTextTower, ClipLayout
-from xdbert.model.encoders import RANDOM_PREFIX, build_language_encoder, load_pretrained_mlm_head
+from xdbert.model.encoders import build_language_encoder, load_pretrained_mlm_head
 from xdbert.model.layers import CrossModalLayer, MaskedTokenHead, MatchHead
+from xdbert.random_encoder import RANDOM_PREFIX
 
 
 @dataclass
@@ -64,7 +64,7 @@ class XDBertConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise PipelineError(f"unknown XDBERT config keys {unknown}; known: {', '.join(sorted(known))}")
+            raise ValueError(f"unknown XDBERT config keys {unknown}; known: {', '.join(sorted(known))}")
         return cls(**d)
 
     @property
@@ -75,21 +75,21 @@ class XDBertConfig:
     def validate(self) -> "XDBertConfig":
         if not isinstance(self.losses, (list, tuple)) or not self.losses or any(l not in LOSSES for l in self.losses) \
                 or len(set(self.losses)) != len(self.losses):
-            raise PipelineError(f"`losses: {self.losses!r}` must be a non-empty list without repeats drawn from: {', '.join(LOSSES)}")
+            raise ValueError(f"`losses: {self.losses!r}` must be a non-empty list without repeats drawn from: {', '.join(LOSSES)}")
         if not isinstance(self.cross_layers, int) or self.cross_layers < 0:
-            raise PipelineError(f"`cross_layers` must be an integer >= 0; got {self.cross_layers!r}")
+            raise ValueError(f"`cross_layers` must be an integer >= 0; got {self.cross_layers!r}")
         if self.init_range is not None and (not isinstance(self.init_range, (int, float)) or isinstance(self.init_range, bool) or self.init_range <= 0):
-            raise PipelineError(f"`init_range` must be a positive number, or null for the encoder's initializer_range; got {self.init_range!r}")
+            raise ValueError(f"`init_range` must be a positive number, or null for the encoder's initializer_range; got {self.init_range!r}")
         for key in ("clip_heads", "clip_blocks"):
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
-                raise PipelineError(f"`{key}` must be a positive integer; got {value!r}")
+                raise ValueError(f"`{key}` must be a positive integer; got {value!r}")
         if self.cross_layers == 0 and (set(self.losses) != {"mlm"} or self.placeholder):
-            raise PipelineError(f"`cross_layers: 0` (the MLM-only baseline) allows only `losses: [mlm]` without placeholder; got losses {self.losses}, placeholder {self.placeholder}")
+            raise ValueError(f"`cross_layers: 0` (the MLM-only baseline) allows only `losses: [mlm]` without placeholder; got losses {self.losses}, placeholder {self.placeholder}")
         if self.placeholder and set(self.losses) & {"cliptc", "match"}:
             # CLIPTC has no CLIP tokens to reconstruct; MATCH could only read the CLIP text's length
             # from the mask, which would make the control learn from a leak instead of from CLIP.
-            raise PipelineError(f"`placeholder: true` replaces the CLIP text, so losses cliptc and match are impossible; use `losses: [mlm]` (got {self.losses})")
+            raise ValueError(f"`placeholder: true` replaces the CLIP text, so losses cliptc and match are impossible; use `losses: [mlm]` (got {self.losses})")
         return self
 
 
@@ -204,13 +204,13 @@ class XDBertModel(nn.Module):
         """CLIP token features (B, n_blocks*context, W), their mask (B, n_blocks*context) and layout."""
         batch, n_blocks, context = clip_ids.shape
         if context != self.context_length:
-            raise PipelineError(f"CLIP blocks have {context} positions, the CLIP model expects {self.context_length}")
+            raise ValueError(f"CLIP blocks have {context} positions, the CLIP model expects {self.context_length}")
         mask = clip_block_mask(clip_ids, self.config.clip_eot_id)
         if layout is None:
             layout = ClipLayout.of(mask)
         if self.placeholder is not None:
             if n_blocks > self.config.clip_blocks:
-                raise PipelineError(f"the placeholder covers {self.config.clip_blocks} CLIP blocks, the batch has {n_blocks}; raise `clip_blocks`")
+                raise ValueError(f"the placeholder covers {self.config.clip_blocks} CLIP blocks, the batch has {n_blocks}; raise `clip_blocks`")
             features = self.placeholder[: n_blocks * context].unsqueeze(0).expand(batch, -1, -1)
         else:
             features = self.clip(clip_ids, mask, layout)
@@ -414,5 +414,5 @@ def count_parameters(model: XDBertModel, part: str = "backbone") -> int:
     heads = {k: v for k, v in everything.items() if k not in backbone}
     parts = {"encoder": encoder, "clip": clip, "cross": cross, "heads": heads, "backbone": backbone, "all": everything}
     if part not in parts:
-        raise PipelineError(f"unknown part {part!r}; allowed: {', '.join(PARTS)}")
+        raise ValueError(f"unknown part {part!r}; allowed: {', '.join(PARTS)}")
     return sum(p.numel() for p in parts[part].values())

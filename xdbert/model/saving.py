@@ -105,7 +105,11 @@ def load_full(directory: str | Path, device: str | torch.device = "cpu") -> XDBe
     from safetensors.torch import load_model
 
     directory = Path(directory)
-    config = XDBertConfig.from_dict(read_json(directory / paths.CROSSMODAL_CONFIG))
+    config_file = directory / paths.CROSSMODAL_CONFIG
+    try:
+        config = XDBertConfig.from_dict(read_json(config_file)).validate()
+    except ValueError as e:  # another version's config, or an edited one: the model code names no file
+        raise PipelineError(f"{config_file}: {e}; rerun the stage that wrote it") from None
     read_json(directory / ENCODER_CONFIG_DIR / "config.json")  # there and valid, or a PipelineError naming it
     check_safetensors(directory / WEIGHTS_FILE)
     encoder = AutoModel.from_config(AutoConfig.from_pretrained(directory / ENCODER_CONFIG_DIR))

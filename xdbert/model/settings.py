@@ -18,7 +18,7 @@ from xdbert.errors import PipelineError
 
 # The transformers config keys of `encoder_config` the profiles set, checked here. Sizes must be integers as
 # written: stages pass the mapping to transformers as it is in params.yaml. Any other key goes to the config as
-# written; that each is a setting of the model type is checked by `random_default_config`, which imports
+# written; that each is a setting of the model type is checked by `random_default_config` (xdbert/random_encoder.py), which imports
 # transformers (`xdbert check`, dual_tokenize, pretrain_encoder, and wherever a random encoder is built).
 CONFIG_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings",
                 "embedding_size")  # ELECTRA's embedding width
@@ -26,29 +26,7 @@ CONFIG_FRACTIONS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 
 
 SIZES = ("base", "large")   # Table 5's columns of learning rates
-RANDOM_PREFIX = "random:"   # an encoder named random:<model_type> starts from random weights, not a checkpoint
 FAMILY_KEYS = ("label", "size", "layer_lr_decay", "encoder", "encoder_config")
-
-
-def random_default_config(encoder: str, encoder_config: dict | None = None):
-    """The default transformers config of `random:<model_type>`, once the type is known to transformers and every
-    key of `encoder_config` is one of its settings: transformers would keep a misspelled key (`hiden_size`) as a
-    stray attribute and build the default size."""
-    import difflib
-
-    from transformers import CONFIG_MAPPING  # here, not at the top: this module imports nothing heavy
-
-    model_type = encoder[len(RANDOM_PREFIX):]
-    if model_type not in CONFIG_MAPPING:
-        raise PipelineError(f"unknown encoder model type `{model_type}` in the encoder `{encoder}`; use random:<a "
-                            f"transformers model type> such as random:bert or random:electra")
-    default = CONFIG_MAPPING[model_type]()
-    for key in encoder_config or {}:
-        if not hasattr(default, key):
-            close = difflib.get_close_matches(key, list(default.to_dict()), n=1)
-            raise PipelineError(f"`{key}` in the encoder_config of `{encoder}` is not a setting of transformers' "
-                                f"{type(default).__name__}" + (f" (did you mean `{close[0]}`?)" if close else ""))
-    return default
 
 
 @dataclass(frozen=True)

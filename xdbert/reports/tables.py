@@ -21,8 +21,9 @@ from xdbert import io, paths
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import CLIP_MODEL, Study, run_name
-from xdbert.model.settings import RANDOM_PREFIX, Family
+from xdbert.model.settings import Family
 from xdbert.params import BASELINE, PROPOSED
+from xdbert.random_encoder import RANDOM_PREFIX
 from xdbert.reports.aggregate import Cell, Replicates, bootstrap_replicates, cell, compare, read_predictions
 from xdbert.reports.header import header
 from xdbert.reports.settings import CLIP_ROW, AggregateSettings

@@ -25,7 +25,7 @@ from xdbert.data.tokenization.windows import (CLIP_CONTENT, CLIP_CONTEXT, Layout
                                               clip_blocks, clip_content)
 from xdbert.errors import PipelineError
 from xdbert.io import atomic_path, read_parquet, write_json
-from xdbert.model.settings import RANDOM_PREFIX
+from xdbert.random_encoder import RANDOM_PREFIX
 
 MIN_MAX_LEN = 8
 INT16_MAX = 2**15 - 1  # bert_len and the alignment are stored as int16

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request, source
-from xdbert.model.settings import RANDOM_PREFIX, random_default_config
+from xdbert.random_encoder import RANDOM_PREFIX, random_default_config
 
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # the trained vocabulary's ids 0..4
 _MARK = 0xF0000  # plane-15 private use: where a word's non-initial characters go during training
