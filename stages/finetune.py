@@ -54,6 +54,8 @@ def main() -> None:
         jobs.append([prepare(r.model_kind, r.model_dir, task_tables, settings, tokenizer_dir=paths.TOKENIZER,
                              run_cache=run_cache, protocol=r.protocol, family=study_families.get(r.family))
                      for r in runs])
+        # the paper profile's tasks take minutes to tokenize for every model: the log says how far it is
+        say(f"finetune {task.name}: tokenized for {len(runs)} model{'s' * (len(runs) != 1)}")
     work = [(job, settings.seeds_of(r)) for (_, settings, runs), task_jobs in zip(plan, jobs)
             for r, job in zip(runs, task_jobs)]
     owners = [(task, r, job) for (task, _, runs), task_jobs in zip(plan, jobs) for r, job in zip(runs, task_jobs)]

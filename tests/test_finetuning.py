@@ -868,10 +868,11 @@ def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, c
     code, log, err = run_stage_here(workdir, (), monkeypatch, capsys, workers=2)
     assert code == 0, err
     lines = [line for line in log.splitlines() if line.startswith("finetune")]
-    assert lines[0] == "finetune: plan: 4 runs, 0 reused, 4 to train on 2 workers (an estimate once the first runs end)"
+    assert lines[:3] == ["finetune sst2: tokenized for 1 model", "finetune stsb: tokenized for 1 model",
+                         "finetune: plan: 4 runs, 0 reused, 4 to train on 2 workers (an estimate once the first runs end)"]
     said = {line.split(":")[0]: i for i, line in enumerate(lines)}  # where each task's median, and its summary, is
     for task in ("sst2", "stsb"):  # a task's medians come as its last run ends, after a progress line
-        assert 1 < said[f"finetune {task} tiny/xdbert"] < said[f"finetune {task}"], lines
+        assert 3 < said[f"finetune {task} tiny/xdbert"] < said[f"finetune {task}"], lines
     assert "finetune: 100% of est. cost, 4/4 runs, about under 1 min left" in lines
     for task, n_dev in (("sst2", 16), ("stsb", 12)):
         out = workdir / "results" / "finetune" / task / "tiny" / "xdbert"
@@ -892,7 +893,7 @@ def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, c
     assert outputs(workdir) == two  # the worker count is in no output byte
     code, log, err = run_stage_here(workdir, (), monkeypatch, capsys)
     assert code == 0 and f"finetune stsb: 2 of 2 runs reused from {cache}, 0 trained" in log, err
-    assert log.startswith("finetune: plan: 4 runs, 4 reused, 0 to train\nfinetune sst2 tiny/xdbert: median accuracy")
+    assert "\nfinetune: plan: 4 runs, 4 reused, 0 to train\nfinetune sst2 tiny/xdbert: median accuracy" in log
     assert outputs(workdir) == two
 
 

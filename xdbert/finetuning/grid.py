@@ -25,7 +25,7 @@ from xdbert import training
 from xdbert.errors import PipelineError
 from xdbert.finetuning import cores
 from xdbert.finetuning.job import Job, model_parameters
-from xdbert.finetuning.progress import HEARTBEAT_S, Progress
+from xdbert.finetuning.progress import TICK_S, Progress
 from xdbert.finetuning.stacked import Group, train_group
 from xdbert.numerics import FINETUNING_THREADS
 
@@ -167,7 +167,7 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto",
                 for run, results in found.items():
                     finish(run, results)
                 todo = [run for run in todo if run not in found]
-            for ended in engine.results(actors, shared, todo, tick_s=HEARTBEAT_S):
+            for ended in engine.results(actors, shared, todo, tick_s=TICK_S):
                 if ended is None:
                     progress.tick()
                     continue

@@ -13,7 +13,8 @@ import time
 from typing import Callable
 
 STEP = 0.05        # a line at every 5% of the estimated cost done ...
-HEARTBEAT_S = 60   # ... and at least every minute
+HEARTBEAT_S = 60   # ... and at least every minute,
+TICK_S = 1         # looking at the clock this often while no run ends
 
 
 def say(line: str) -> None:
