@@ -477,7 +477,7 @@ def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_
     assert prepare("encoder", bert_dir, keyword_tables("sst2", 64, 31), settings(spec, epochs=1)).identity != job.identity
 
 
-def made_up_results(job, group: tuple, seconds: float = 2.0) -> list[dict]:
+def made_up_results(group: tuple, seconds: float = 2.0) -> list[dict]:
     """What a worker returns for a group of seeds, without training (for the grid's bookkeeping)."""
     device = training.device_name("cpu")
     return [{"seed": seed, "device": device, "metrics": {"dev": {"accuracy": 0.5}}, "seconds": seconds} for seed in group]
@@ -497,7 +497,7 @@ def without_ray(monkeypatch, trained: list) -> None:
         yield None
         for i, group in runs:
             trained.append((i, group))
-            yield i, group, made_up_results(jobs[i], group)
+            yield i, group, made_up_results(group)
 
     monkeypatch.setattr(engine, "results", results)
 
@@ -512,7 +512,7 @@ def test_the_grid_prints_its_plan_first_then_progress_by_cost(bert_dir, tmp_path
                         run_cache=tmp_path / "runs")
     stsb = prepare("encoder", bert_dir, keyword_tables("stsb", 32, 12), settings(get_task("stsb"), epochs=1),
                    run_cache=tmp_path / "runs")
-    grid.keep(stsb, (0,), made_up_results(stsb, (0,), seconds=60.0))  # trained before: reused
+    grid.keep(stsb, (0,), made_up_results((0,), seconds=60.0))  # trained before: reused
     trained = []
     without_ray(monkeypatch, trained)
     work = [(sst2, [0, 1]), (long_sst2, [0]), (stsb, [0])]

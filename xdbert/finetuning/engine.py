@@ -1,7 +1,8 @@
 """The grid's engine: Ray Core, the same code on a laptop, a GPU machine and a cluster.
 
 `ray.init()` starts a local Ray instance when no cluster is named, and joins the cluster `RAY_ADDRESS`
-names (Ray's own variable) when it is set. Each worker is an actor, a long-lived process: imports, the
+names (Ray's own variable) when it is set. A local instance takes the cores no other grid on the machine
+holds (xdbert.finetuning.cores), so experiments run at once share them. Each worker is an actor, a long-lived process: imports, the
 CUDA context and compiled graphs are paid once per worker, not once per run. A worker fetches the
 tokenized jobs once, trains one run at a time and returns its result; only the stage's process writes.
 
