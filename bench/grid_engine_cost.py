@@ -45,8 +45,9 @@ def finetune(work: Path, commands: list[list[str]]) -> float:
         shutil.rmtree(work / name, ignore_errors=True)
     t0 = time.time()
     for argv in commands:
+        # one run cache for both sides: the reference commit's own, which HEAD keeps in DVC's cache
         r = subprocess.run([sys.executable, *argv], cwd=work, capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": str(work)})
+                           env={**os.environ, "PYTHONPATH": str(work), "XDBERT_RUN_CACHE": str(work / "checkpoints/runs")})
         if r.returncode:
             raise SystemExit(f"{work.name}: {' '.join(argv)} failed:\n{r.stderr[-3000:]}")
     return time.time() - t0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,14 +13,16 @@ import pytest
 import torch
 
 from keyword_tasks import keyword_tables, settings
-from xdbert import numerics
+from xdbert import numerics, training
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
-from xdbert.finetuning import engine, grid
+from xdbert.finetuning import cores, engine, grid, progress
 from xdbert.finetuning import job as job_module
 from xdbert.finetuning.job import prepare
 from xdbert.finetuning.loop import train_seed
 from xdbert.finetuning.stacked import train_group
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -296,3 +299,155 @@ def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_
     (changed / "config.json").write_text((changed / "config.json").read_text() + "\n")
     assert prepare("encoder", changed, keyword_tables("sst2", 64, 32), settings(spec, epochs=1)).identity != job.identity
     assert prepare("encoder", bert_dir, keyword_tables("sst2", 64, 31), settings(spec, epochs=1)).identity != job.identity
+
+
+def made_up_results(group: tuple, seconds: float = 2.0) -> list[dict]:
+    """What a worker returns for a group of seeds, without training (for the grid's bookkeeping)."""
+    device = training.device_name("cpu")
+    return [{"seed": seed, "device": device, "metrics": {"dev": {"accuracy": 0.5}}, "seconds": seconds} for seed in group]
+
+
+def without_ray(monkeypatch, trained: list) -> None:
+    """The grid's engine without Ray: two workers, each run ends at once with made-up results; a minute
+    without a result comes first (`results` yields None)."""
+    monkeypatch.setattr(engine, "connect", lambda slots=None: False)
+    monkeypatch.setattr(engine, "plan", lambda n, workers, gib: (2, 0.0))
+    monkeypatch.setattr(engine, "share", lambda jobs: jobs)
+    monkeypatch.setattr(engine, "start_workers", lambda n, gpu_each: [])
+    monkeypatch.setattr(engine, "placement", lambda workers: [{"device": training.device_name("cpu"), "gpus": [],
+                                                                "mps": False, "mkl": numerics.mkl_path(), "node": "n"}])
+
+    def results(workers, jobs, runs, tick_s=None):
+        yield None
+        for i, group in runs:
+            trained.append((i, group))
+            yield i, group, made_up_results(group)
+
+    monkeypatch.setattr(engine, "results", results)
+
+
+def test_the_grid_prints_its_plan_first_then_progress_by_cost(bert_dir, tmp_path, monkeypatch, capsys):
+    """The plan comes first (runs, reused, to train, workers, an estimate from the reused runs' times);
+    each job's `finished` comes as soon as its last seed is done, a reused job's before any training;
+    a line follows every run here (each is over 5% of the cost), the longest first."""
+    sst2 = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 16), settings(get_task("sst2"), epochs=1),
+                   run_cache=tmp_path / "runs")
+    long_sst2 = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 16), settings(get_task("sst2"), epochs=3),
+                        run_cache=tmp_path / "runs")
+    stsb = prepare("encoder", bert_dir, keyword_tables("stsb", 32, 12), settings(get_task("stsb"), epochs=1),
+                   run_cache=tmp_path / "runs")
+    grid.keep(stsb, (0,), made_up_results((0,), seconds=60.0))  # trained before: reused
+    trained = []
+    without_ray(monkeypatch, trained)
+    work = [(sst2, [0, 1]), (long_sst2, [0]), (stsb, [0])]
+
+    def finished(i, results):
+        print(f"finished {i}: seeds {[r['seed'] for r in results]}, reused {[r['reused'] for r in results]}")
+
+    out = grid.run_grid(work, workers=2, finished=finished)
+    lines = capsys.readouterr().out.splitlines()
+    assert [[r["seed"] for r in results] for results in out] == [[0, 1], [0], [0]]
+    assert trained == [(1, (0,)), (0, (0,)), (0, (1,))]  # 3 epochs first
+    cost = grid.cost(sst2, (0,))
+    assert grid.cost(long_sst2, (0,)) == 3 * cost and grid.cost(stsb, (0,)) < cost  # stsb: fewer, shorter examples
+    # 60 s of one run of stsb's cost: the 5 sst2 epochs' worth on 2 workers
+    est = progress.duration(60 / grid.cost(stsb, (0,)) * 5 * cost / 2)
+    assert lines[0] == f"finetune: plan: 4 runs, 1 reused, 3 to train on 2 workers (est. {est})"
+    assert lines[1] == "finished 2: seeds [0], reused [True]"
+    assert lines[2] == "finished 1: seeds [0], reused [False]" and lines[3].startswith("finetune: 60% of est. cost, 1/3 runs, about")
+    assert lines[4].startswith("finetune: 80% of est. cost, 2/3 runs, about")
+    assert lines[5:] == ["finished 0: seeds [0, 1], reused [False, False]", "finetune: 100% of est. cost, 3/3 runs, about under 1 min left"]
+    capsys.readouterr()
+    grid.run_grid(work, workers=2)  # all saved now: no Ray, no training
+    assert capsys.readouterr().out.splitlines() == ["finetune: plan: 4 runs, 4 reused, 0 to train"]
+
+
+def test_progress_says_a_line_at_every_5_percent_of_the_cost_and_every_minute():
+    now, said = [0.0], []
+    p = progress.Progress(runs=10, cost=100.0, say=said.append, clock=lambda: now[0])
+    p.plan(total=12, reused=2, workers=2)
+    assert said == ["finetune: plan: 12 runs, 2 reused, 10 to train on 2 workers (an estimate once the first runs end)"]
+    now[0] = 59
+    p.tick()
+    p.done(1, 4.0)  # under 5%, under a minute: silent
+    assert len(said) == 1
+    now[0] = 60
+    p.tick()
+    assert said[-1] == "finetune: 4% of est. cost, 1/10 runs, about 24 min left"  # 96 more at 4 a minute
+    p.done(1, 1.0)  # 5%
+    assert said[-1] == "finetune: 5% of est. cost, 2/10 runs, about 19 min left"
+    now[0] = 300
+    p.done(8, 95.0)
+    assert said[-1] == "finetune: 100% of est. cost, 10/10 runs, about under 1 min left" and len(said) == 4
+    before = progress.Progress(runs=1, cost=10.0, say=said.append, clock=lambda: 0.0)
+    before.plan(total=1, reused=0, workers=1)
+    before.tick()
+    assert said[-1].endswith("0 to train") is False and "an estimate once the first runs end" in said[-1]
+    assert [progress.duration(s) for s in (20, 90, 3600 + 5 * 60)] == ["under 1 min", "2 min", "1 h 5 min"]
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+import torch
+from xdbert import training
+folder, me, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+print("ready", flush=True)
+while not go.exists():
+    time.sleep(0.01)
+for round in range(4):
+    for k in range(8):  # the same runs, as two experiments that both train them write them
+        training.save_checkpoint(folder / f"same{k}.pt", {"result": {"x": torch.arange(300_000) + k}}, f"same{k}", shared=True)
+    for k in range(4):  # runs of their own
+        training.save_checkpoint(folder / f"{me}{k}.pt", {"result": {"x": torch.arange(300_000) - k}}, f"{me}{k}", shared=True)
+"""
+
+
+def test_two_processes_writing_the_run_cache_at_once_leave_every_entry_whole(tmp_path):
+    import subprocess
+
+    folder, go = tmp_path / "runs", tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(folder), me, str(go)], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for me in ("a", "b")]
+    assert [w.stdout.readline().strip() for w in writers] == ["ready", "ready"]
+    go.touch()  # both write at once
+    for w in writers:
+        assert w.wait(timeout=300) == 0, w.stderr.read()
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == sorted([f"same{k}.pt" for k in range(8)] + [f"{me}{k}.pt" for me in "ab" for k in range(4)])
+    for name in names:
+        state = training.load_checkpoint(folder / name, name.removesuffix(".pt"))  # its digest matches
+        assert state is not None and state["result"]["x"].numel() == 300_000
+
+
+def test_grids_at_once_share_the_machines_cores(tmp_path, monkeypatch):
+    """A grid's local Ray instance takes the cores no other grid holds, at least one; a grid that ends, or
+    whose process dies, frees them."""
+    import subprocess
+
+    slots = cores.slots_folder(tmp_path / "runs")
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from xdbert.finetuning "
+                              "import cores; held = cores.claim(Path(sys.argv[1]), 3); print(len(held), flush=True); "
+                              "time.sleep(600)", str(slots)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "3"  # another experiment's grid holds 3 of the 4 cores
+        started = {}
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        monkeypatch.setattr(engine, "machine_cores", lambda: 4)
+        monkeypatch.setattr(engine.ray, "is_initialized", lambda: False)
+        monkeypatch.setattr(engine.ray, "init", lambda **options: started.update(options))
+        monkeypatch.setattr(engine.ray, "shutdown", lambda: None)
+        assert engine.connect(slots) and started["num_cpus"] == 1
+        assert cores.claim(slots, 4) == []  # a third finds none free ...
+        engine.disconnect()
+        assert engine.connect(slots) and started["num_cpus"] == 1  # ... and runs on one, beside the others
+        engine.disconnect()
+    finally:
+        other.kill()
+        other.wait()
+    assert engine.connect(slots) and started["num_cpus"] == 4  # a dead grid's cores are free
+    engine.disconnect()
+    assert engine.connect() and started["num_cpus"] == 4  # without a run cache: every core
+    engine.disconnect()

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from keyword_tasks import keyword_tables, settings
+from xdbert import paths
 from xdbert.data.tasks.registry import get_task, write_tasks
 from xdbert.errors import PipelineError
 from xdbert.finetuning import engine, grid
@@ -90,11 +91,23 @@ def outputs(workdir: Path) -> dict[str, bytes]:
 
 
 def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, capsys):
-    """Every task's runs in one grid of 2 Ray workers; then the same stage with 1 worker and an empty run
-    cache writes the same bytes, and again with the cache trains nothing."""
-    cache = workdir / "checkpoints" / "runs"
+    """Every task's runs in one grid of 2 Ray workers, its plan first and each task's medians as its last run
+    ends; then the same stage with 1 worker and an empty run cache writes the same bytes, and again with
+    the cache trains nothing. The run cache is in DVC's cache."""
+    import subprocess
+
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=workdir, check=True)
+    monkeypatch.delenv(paths.RUN_CACHE_ENV, raising=False)
+    cache = (workdir / ".dvc" / "cache" / paths.RUN_CACHE_NAME).resolve()
     code, log, err = run_stage_here(workdir, (), monkeypatch, capsys, workers=2)
     assert code == 0, err
+    lines = [line for line in log.splitlines() if line.startswith("finetune")]
+    assert lines[:3] == ["finetune sst2: tokenized for 1 model", "finetune stsb: tokenized for 1 model",
+                         "finetune: plan: 4 runs, 0 reused, 4 to train on 2 workers (an estimate once the first runs end)"]
+    said = {line.split(":")[0]: i for i, line in enumerate(lines)}  # where each task's median, and its summary, is
+    for task in ("sst2", "stsb"):  # a task's medians come as its last run ends, after a progress line
+        assert 3 < said[f"finetune {task} tiny/xdbert"] < said[f"finetune {task}"], lines
+    assert "finetune: 100% of est. cost, 4/4 runs, about under 1 min left" in lines
     for task, n_dev in (("sst2", 16), ("stsb", 12)):
         out = workdir / "results" / "finetune" / task / "tiny" / "xdbert"
         metrics = yaml.safe_load((out / "metrics.json").read_text())
@@ -104,7 +117,7 @@ def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, c
         preds = pq.read_table(out / "predictions.parquet")
         assert preds.num_rows == 2 * n_dev and sorted(set(preds.column("seed").to_pylist())) == [0, 1]
         assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "predictions.parquet"]
-        assert f"finetune {task}: 0 of 2 runs reused from checkpoints/runs, 2 trained" in log
+        assert f"finetune {task}: 0 of 2 runs reused from {cache}, 2 trained" in log
     assert "finetune stsb tiny/xdbert: median spearman" in log
     assert len(list(cache.glob("*.pt"))) == 4  # every finished run is kept by what decided it
     two = outputs(workdir)
@@ -113,8 +126,16 @@ def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, c
     assert code == 0 and "finetune sst2: 0 of 2 runs reused" in log, err
     assert outputs(workdir) == two  # the worker count is in no output byte
     code, log, err = run_stage_here(workdir, (), monkeypatch, capsys)
-    assert code == 0 and "finetune stsb: 2 of 2 runs reused from checkpoints/runs, 0 trained" in log, err
+    assert code == 0 and f"finetune stsb: 2 of 2 runs reused from {cache}, 0 trained" in log, err
+    assert "\nfinetune: plan: 4 runs, 4 reused, 0 to train\nfinetune sst2 tiny/xdbert: median accuracy" in log
     assert outputs(workdir) == two
+
+def test_the_run_cache_is_where_a_variable_names_or_in_checkpoints_outside_dvc(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no DVC repository here (`test_stage_writes_metrics_and_predictions`: one)
+    monkeypatch.delenv(paths.RUN_CACHE_ENV, raising=False)
+    assert paths.run_cache() == Path("checkpoints/runs")
+    monkeypatch.setenv(paths.RUN_CACHE_ENV, str(tmp_path / "shared"))
+    assert paths.run_cache() == tmp_path / "shared"
 
 
 def test_a_bad_machine_setting_fails_before_any_work(workdir, monkeypatch, capsys):

@@ -3,6 +3,7 @@ then the fault campaign's short form on the project these tests reproduced."""
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import faults  # noqa: E402
+
+from xdbert import paths  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test here runs `dvc repro` on a project of its own
 
@@ -131,7 +134,7 @@ def test_the_whole_graph_runs_then_skips(repo):
     assert (repo / "reports/attention.md").read_bytes() == kept
 
     # One ablation variant changes: its adaptation reruns, and of the finetuning only its runs train; DVC
-    # reruns the grid stage, which reads every other run back from checkpoints/runs.
+    # reruns the grid stage, which reads every other run back from the run cache in DVC's cache.
     p = yaml.safe_load((repo / "params.yaml").read_text())
     p["adapt"]["variants"]["one_cross"]["init_range"] = 0.03
     (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
@@ -141,6 +144,35 @@ def test_the_whole_graph_runs_then_skips(repo):
     for task in ("rte", "mrpc", "stsb", "cola"):
         trained = [line for line in changed.splitlines() if line.startswith(f"finetune {task}: ") and "runs reused" in line]
         assert len(trained) == 1 and trained[0].endswith(", 2 trained"), trained  # one_cross's 2 seeds
+    plan = [line for line in changed.splitlines() if line.startswith("finetune: plan: ")]
+    assert len(plan) == 1 and " reused, 8 to train on " in plan[0], plan  # said before any run trains
+
+
+def test_every_experiment_of_a_repository_finds_one_run_cache(tmp_path):
+    """`paths.run_cache` in the workspace, in a `--temp` experiment and in a queued one (both run in a copy
+    under .dvc/tmp/exps without git-ignored files): the same folder, in the repository's DVC cache."""
+    repo, seen = tmp_path / "repo", tmp_path / "seen.txt"
+    repo.mkdir()
+    (repo / "params.yaml").write_text("n: 0\n")
+    (repo / "where.py").write_text("import sys\nfrom xdbert import paths\n"
+                                   "with open(sys.argv[1], 'a') as f:\n    f.write(f'{paths.run_cache().resolve()}\\n')\n")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"where": {"cmd": f"python where.py {seen}", "params": ["n"]}}}))
+    sh("git", "init", "-q", cwd=repo)
+    sh("dvc", "init", "-q", cwd=repo)
+    sh("git", "add", "-A", cwd=repo)
+    sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base", cwd=repo)
+    sh("dvc", "repro", cwd=repo)
+    sh("dvc", "exp", "run", "--temp", "-S", "n=1", cwd=repo)
+    sh("dvc", "exp", "run", "--queue", "-S", "n=2", cwd=repo)
+    try:
+        sh("dvc", "queue", "start", cwd=repo)
+        for _ in range(300):
+            if seen.is_file() and len(seen.read_text().splitlines()) == 3:
+                break
+            time.sleep(0.5)
+    finally:
+        sh("dvc", "queue", "stop", cwd=repo)
+    assert seen.read_text().splitlines() == [str((repo / ".dvc" / "cache" / paths.RUN_CACHE_NAME).resolve())] * 3
 
 
 def test_a_pushed_run_is_pulled_not_recomputed(repo, tmp_path):

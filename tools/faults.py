@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from xdbert import paths, profiles  # noqa: E402
 
 KILL_STAGES = ("dual_tokenize", "adapt@bert", "finetune", "aggregate")
-CHECKPOINTS = {"adapt@bert": "checkpoints/adapt/bert/xdbert.pt", "finetune": "checkpoints/runs/*.pt"}
+CHECKPOINTS = {"adapt@bert": "checkpoints/adapt/bert/xdbert.pt", "finetune": f".dvc/cache/{paths.RUN_CACHE_NAME}/*.pt"}
 # What a rerun that picked up the killed run's work prints: adaptation's checkpoint, or finetuning runs reused
 RESUMED = re.compile(r"resuming from|\b[1-9][0-9]* of [0-9]+ runs reused")
 SHORT_DAMAGE = ("truncated task parquet", "flipped byte in an Arrow shard", "missing shard manifest",

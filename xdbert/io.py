@@ -15,16 +15,19 @@ from typing import Any, Iterator
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike, is_dir: bool = False) -> Iterator[Path]:
+def atomic_path(target: str | os.PathLike, is_dir: bool = False, shared: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to `target`; on success it replaces `target` in one rename.
 
-    On any exception the temporary path is removed and `target` is left exactly as it was.
+    On any exception the temporary path is removed and `target` is left exactly as it was. `shared`: a
+    file other processes may write at the same time (the run cache, which experiments run at once
+    share); each write has a temporary path of its own and the last rename wins, whole.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     # What a killed write of this target left behind (its rename never came): only one stage writes a
-    # target at a time (DVC locks the repository), so nothing else can be using it.
-    for suffix in ("tmp", "old"):
+    # target at a time (DVC locks the repository), so nothing else can be using it. A shared target's
+    # may be another process's write in flight: a killed write leaves its hidden folder.
+    for suffix in () if shared else ("tmp", "old"):
         for stale in target.parent.glob(f".{glob.escape(target.name)}.*.{suffix}"):
             shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))

@@ -7,6 +7,7 @@ Checkpoints live outside DVC's outputs, so `dvc repro` does not delete them befo
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # stage `corpus`
@@ -53,9 +54,33 @@ PIPELINE_FILES = ("dvc.yaml", "hub.lock.json", "inputs", "stages", "xdbert")
 # Resumable training state, outside every stage's outputs.
 CHECKPOINTS = Path("checkpoints")
 PRETRAIN_CLIP_CHECKPOINT = CHECKPOINTS / "pretrain_clip.pt"
-RUN_CACHE = CHECKPOINTS / "runs"          # /<key>.pt: finished finetuning runs, by what decided them
+# Finished finetuning runs, /<key>.pt by what decided them (`run_cache`)
+RUN_CACHE_ENV = "XDBERT_RUN_CACHE"        # a folder that overrides where they live
+RUN_CACHE_NAME = "xdbert-runs"            # their folder in DVC's cache
+LOCAL_RUN_CACHE = CHECKPOINTS / "runs"    # their folder in a project that is no DVC repository
 # Wall-clock times and the machine of each run (xdbert.runlog), outside every stage's outputs.
 RUN_LOG = Path("logs")
+
+
+def run_cache() -> Path:
+    """Where finished finetuning runs are kept: `XDBERT_RUN_CACHE`, else xdbert-runs/ in DVC's cache.
+
+    A queued or `--temp` experiment runs in a copy of the repository under .dvc/tmp/exps/ without its
+    git-ignored files, checkpoints/ among them; DVC points that copy's cache at the repository's own
+    (`cache.dir` in its .dvc/config.local), so every experiment of the repository, the workspace's too,
+    reads and adds runs in the same folder. DVC's `gc` leaves it alone: it only reads folders of its own
+    two-character names there. A folder that is no DVC repository (a stage run by hand) keeps them in
+    checkpoints/runs."""
+    if os.environ.get(RUN_CACHE_ENV):
+        return Path(os.environ[RUN_CACHE_ENV])
+    from dvc.exceptions import NotDvcRepoError
+    from dvc.repo import Repo
+
+    try:
+        with Repo() as repo:
+            return Path(repo.cache.local_cache_dir) / RUN_CACHE_NAME
+    except NotDvcRepoError:
+        return LOCAL_RUN_CACHE
 
 
 def pretrain_encoder(family: str) -> Path:

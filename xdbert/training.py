@@ -158,11 +158,12 @@ def content_digest(obj: object) -> str:
     return h.hexdigest()
 
 
-def save_checkpoint(path: Path, state: dict, fingerprint: str) -> None:
+def save_checkpoint(path: Path, state: dict, fingerprint: str, shared: bool = False) -> None:
     """Save training state atomically; `fingerprint` ties it to the settings that produced it, and the
     digest of its contents lets a load tell a damaged file (torch.load reads a flipped byte in a
-    tensor's data without complaint) from a good one."""
-    with io.atomic_path(path) as tmp:
+    tensor's data without complaint) from a good one. `shared`: other processes may save it at once
+    (`io.atomic_path`)."""
+    with io.atomic_path(path, shared=shared) as tmp:
         torch.save({"fingerprint": fingerprint, "sha256": content_digest(state), **state}, tmp)
 
 

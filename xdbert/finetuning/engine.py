@@ -1,7 +1,8 @@
 """The grid's engine: Ray Core, the same code on a laptop, a GPU machine and a cluster.
 
 `ray.init()` starts a local Ray instance when no cluster is named, and joins the cluster `RAY_ADDRESS`
-names (Ray's own variable) when it is set. Each worker is an actor, a long-lived process: imports, the
+names (Ray's own variable) when it is set. A local instance takes the cores no other grid on the machine
+holds (xdbert.finetuning.cores), so experiments run at once share them. Each worker is an actor, a long-lived process: imports, the
 CUDA context and compiled graphs are paid once per worker, not once per run. A worker fetches the
 tokenized jobs once, trains one run at a time and returns its result; only the stage's process writes.
 
@@ -25,6 +26,8 @@ from ray.util import ActorPool
 
 from xdbert import training
 from xdbert.errors import PipelineError
+from xdbert.finetuning.cores import claim, machine_cores, release
+from xdbert.finetuning.job import model_parameters
 from xdbert.finetuning.stacked import train_group
 from xdbert.numerics import FINETUNING_THREADS, mkl_path
 
@@ -66,8 +69,8 @@ def run_gib(model_paths: list) -> float:
     """GPU memory a run of the largest of these saved models needs: GIB_PER_RUN for BERT-base, in
     proportion to the parameters for larger models (AdamW's fp32 weights, gradients and two moments, 16
     bytes a parameter, are most of it), so that ELECTRA-large's runs (about 7.6 GiB) do not share a GPU
-    as base runs do. Parameters are counted from the fp32 safetensors files the pipeline saves."""
-    parameters = max((sum(f.stat().st_size for f in Path(p).glob("*.safetensors")) // 4 for p in model_paths), default=0)
+    as base runs do."""
+    parameters = max((model_parameters(p) for p in model_paths), default=0)
     return max(GIB_PER_RUN, GIB_PER_RUN * parameters / BASE_PARAMETERS)
 
 
@@ -136,9 +139,14 @@ def check_address() -> None:
                             "head there (`ray start --head`) or unset RAY_ADDRESS to run on a local instance") from None
 
 
-def connect() -> bool:
-    """Join the Ray cluster of `RAY_ADDRESS`, or start a local instance sized to this machine.
-    True when this call started Ray (so the caller shuts it down)."""
+# The cores this process's local Ray instance holds (xdbert.finetuning.cores), until `disconnect`
+_held: list = []
+
+
+def connect(slots: Path | None = None) -> bool:
+    """Join the Ray cluster of `RAY_ADDRESS`, or start a local instance sized to this machine: to the cores
+    free in the `slots` folder that other grids share (`cores.claim`, at least one), or to every core
+    without one. True when this call started Ray (so the caller shuts it down)."""
     if ray.is_initialized():
         return False
     check_address()
@@ -152,7 +160,13 @@ def connect() -> bool:
         except ConnectionError as e:  # "auto" with no cluster on this machine
             raise PipelineError(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']!r}: {e}") from None
     else:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = machine_cores()
+        if slots is not None:
+            _held.extend(claim(slots, cores))
+            if len(_held) < cores:
+                print(f"finetune: {cores - len(_held)} of this machine's {cores} cores are taken by other grids "
+                      f"({slots}); this one runs on {max(1, len(_held))}", flush=True)
+            cores = max(1, len(_held))
         # "local": a new instance, always. With no address ray.init would join the last cluster `ray start`
         # made on this machine, which may be another user's, or a test's that is about to stop.
         ray.init(address="local", num_cpus=cores, num_gpus=torch.cuda.device_count(), **options)
@@ -161,6 +175,7 @@ def connect() -> bool:
 
 def disconnect() -> None:
     ray.shutdown()
+    release(_held)
 
 
 def plan(n_runs: int, workers: int | str, gib_per_run: float = GIB_PER_RUN) -> tuple[int, float]:
@@ -235,15 +250,19 @@ def placement(workers: list) -> list[dict]:
     return ray.get([worker.where.remote() for worker in workers])
 
 
-def results(workers: list, jobs: ray.ObjectRef, runs: list[tuple[int, tuple]]) -> Iterator[tuple[int, tuple, list[dict]]]:
+def results(workers: list, jobs: ray.ObjectRef, runs: list[tuple[int, tuple]],
+            tick_s: float | None = None) -> Iterator[tuple[int, tuple, list[dict]] | None]:
     """(job index, seeds, their results) of every run (a group of seeds, `grid.groups`) of the `share`d
-    `jobs` as it finishes; a free worker takes the next run in order."""
+    `jobs` as it finishes; a free worker takes the next run in order. None after `tick_s` seconds without
+    one, for the log."""
     pool = ActorPool(workers)
     for run in runs:
         pool.submit(lambda worker, r: worker.train.remote([jobs], *r), run)
     while pool.has_next():
         try:
-            yield pool.get_next_unordered()
+            yield pool.get_next_unordered(timeout=tick_s)
+        except TimeoutError:
+            yield None
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, PipelineError):
                 raise PipelineError(str(e.cause)) from None

@@ -15,13 +15,17 @@ empty cache. When every run is in the cache, Ray is not started at all.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from xdbert import training
 from xdbert.errors import PipelineError
-from xdbert.finetuning.job import Job
+from xdbert.finetuning import cores
+from xdbert.finetuning.job import Job, model_parameters
+from xdbert.finetuning.progress import TICK_S, Progress
 from xdbert.finetuning.stacked import Group, train_group
 from xdbert.numerics import FINETUNING_THREADS
 
@@ -65,7 +69,7 @@ def keep(job: Job, group: Group, results: list[dict]) -> list[dict]:
     if job.run_cache:
         for seed, result in zip(group, results):
             path, key = cache_entry(job, seed, result["device"], group)
-            training.save_checkpoint(path, {"result": result}, key)
+            training.save_checkpoint(path, {"result": result}, key, shared=True)  # experiments run at once share it
     return [{**result, "reused": False} for result in results]
 
 
@@ -97,30 +101,59 @@ def run_seeds(job: Job, seeds: list[int]) -> list[dict]:
         torch.set_num_threads(before)
 
 
-def _cost(job: Job) -> tuple[int, int]:
-    """Sort key, largest first: the full model costs several encoders, then the training tokens decide."""
+def cost(job: Job, group: Group) -> float:
+    """A run's expected cost, in proportion to its training FLOPs: the model's parameters times the tokens
+    it trains on (BERT tokens and CLIP ids, every epoch), for each seed of the group. The grid orders its
+    runs by it, longest first, and weighs its progress with it (xdbert.finetuning.progress)."""
     train = job.data["train"]
-    size = sum(int(r.offsets[-1]) for r in train.inputs.values()) + (0 if train.clip_ids is None else train.clip_ids.size)
-    return ({"full": 2, "clip": 1}.get(job.model_kind, 0), size)
+    tokens = sum(int(r.offsets[-1]) for r in train.inputs.values()) + (0 if train.clip_ids is None else train.clip_ids.size)
+    return float(model_parameters(job.model_path)) * tokens * job.hyperparameters.epochs * len(group)
 
 
-def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto") -> list[list[dict]]:
+def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto",
+             finished: Callable[[int, list[dict]], None] | None = None) -> list[list[dict]]:
     """Every (job, seed) of `work`, on Ray workers (`workers`: how many, or auto); per job, its results
-    in seed order. Each result says whether it was `reused` from the run cache."""
+    in seed order. Each result says whether it was `reused` from the run cache. `finished(i, results)` is
+    called as soon as every seed of job i is done, reused or trained. The plan and the progress go to
+    stdout (`Progress`)."""
     _check(work)
     jobs = [job for job, _ in work]
     runs = [(i, group) for i, (job, seeds) in enumerate(work) for group in groups(job, seeds)]
+    costs = {run: cost(jobs[run[0]], run[1]) for run in runs}
     local = training.device_name(_local_device())
     done = {run: results for run in runs if (results := cached(jobs[run[0]], run[1], local)) is not None}
-    todo = [run for run in runs if run not in done]
-    if todo:
+    todo = sorted((run for run in runs if run not in done), key=lambda run: costs[run], reverse=True)
+    groups_left = Counter(i for i, _ in runs)
+
+    def finish(run: tuple[int, Group], results: list[dict]) -> None:
+        done[run] = results
+        groups_left[run[0]] -= 1
+        if finished and not groups_left[run[0]]:
+            finished(run[0], _seed_order(done, run[0], work[run[0]][1]))
+
+    progress = Progress(sum(len(group) for _, group in todo), sum(costs[run] for run in todo))
+
+    def begin(workers: int) -> None:
+        """The plan, then the jobs that are all reused."""
+        progress.plan(total=sum(len(seeds) for _, seeds in work), reused=sum(len(group) for _, group in done),
+                      workers=workers, reused_seconds=sum(results[0].get("seconds", 0) for results in done.values()),
+                      reused_cost=sum(costs[run] for run in done))
+        for run, results in list(done.items()):
+            finish(run, results)
+
+    if not todo:
+        begin(workers=0)
+    else:
         # Ray only where a grid runs: the benchmarks' single seeds (`run_seeds`) run on machines without it
         from xdbert.finetuning import engine
 
-        started = engine.connect()
+        # Grids running at once on this machine (experiments of a queue) share its cores: the slots beside
+        # the run cache they share
+        started = engine.connect(cores.slots_folder(jobs[0].run_cache) if jobs[0].run_cache else None)
         try:
             stack = max(len(group) for _, group in todo)  # a stack holds that many runs' weights and states
             n, gpu_each = engine.plan(len(todo), workers, stack * engine.run_gib([job.model_path for job in jobs]))
+            begin(workers=n)
             shared = engine.share(jobs)
             actors = engine.start_workers(n, gpu_each)
             placed = engine.placement(actors)
@@ -129,14 +162,25 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto") -> 
                     print(f"finetune: {warning}", flush=True)
             # A cluster's workers may compute on another device than this machine: look again under theirs.
             for device in {w["device"] for w in placed} - {local}:
-                done.update({run: results for run in todo
-                             if (results := cached(jobs[run[0]], run[1], device)) is not None})
-            todo = sorted((run for run in todo if run not in done),
-                          key=lambda run: (*_cost(jobs[run[0]]), len(run[1])), reverse=True)
-            for i, group, results in engine.results(actors, shared, todo):
-                done[(i, group)] = keep(jobs[i], group, results)
+                found = {run: results for run in todo if (results := cached(jobs[run[0]], run[1], device)) is not None}
+                progress.skip(sum(len(group) for _, group in found), sum(costs[run] for run in found), device)
+                for run, results in found.items():
+                    finish(run, results)
+                todo = [run for run in todo if run not in found]
+            for ended in engine.results(actors, shared, todo, tick_s=TICK_S):
+                if ended is None:
+                    progress.tick()
+                    continue
+                i, group, results = ended
+                finish((i, group), keep(jobs[i], group, results))
+                progress.done(len(group), costs[(i, group)])
         finally:
             if started:
                 engine.disconnect()
-    by_seed = {(i, r["seed"]): r for (i, _), results in done.items() for r in results}
-    return [[by_seed[(i, seed)] for seed in seeds] for i, (_, seeds) in enumerate(work)]
+    return [_seed_order(done, i, seeds) for i, (_, seeds) in enumerate(work)]
+
+
+def _seed_order(done: dict[tuple[int, Group], list[dict]], i: int, seeds: list[int]) -> list[dict]:
+    """Job i's results in the order of its seeds."""
+    by_seed = {r["seed"]: r for (j, _), results in done.items() if j == i for r in results}
+    return [by_seed[seed] for seed in seeds]

@@ -156,6 +156,11 @@ def job_identity(job: Job) -> str:
     return h.hexdigest()[:16]
 
 
+def model_parameters(model_path: str | Path) -> int:
+    """The parameters of a saved model, counted from the fp32 safetensors files the pipeline saves."""
+    return sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors")) // 4
+
+
 def clip_token_ids(job: Job) -> np.ndarray:
     """Every CLIP id in the job's splits (padding, [SOT] and [EOT] included)."""
     return np.unique(np.concatenate([np.unique(d.clip_ids) for d in job.data.values()]))
