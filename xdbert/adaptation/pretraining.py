@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from xdbert import io, training
 from xdbert.adaptation import masking
@@ -173,7 +174,8 @@ def _train(model: torch.nn.Module, s: PretrainSettings, name: str,
     start, history = (state["step"], state["history"]) if state else (0, [])
     model.train()
     t0 = time.time()
-    for step in range(start, s.steps):
+    # minutes of steps on a CPU: a line every 10 s keeps a `dvc repro` log alive without flooding it
+    for step in tqdm(range(start, s.steps), initial=start, total=s.steps, desc=f"pretrain ({name})", mininterval=10):
         torch.manual_seed(training.step_seed(s.seed, step, 2))  # dropout, if the config has any
         logits, labels = step_loss(step)
         loss = F.cross_entropy(logits.float(), labels)
