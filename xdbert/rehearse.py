@@ -9,7 +9,8 @@ embedded profile shows up before the GPU hours are spent:
 2. DIR/params.yaml is the paper profile with only the counts of `OVERRIDES` changed (they decide how
    much work a stage does, never what one step computes: no model, tokenizer, rate or loss changes);
 3. every hub asset those params name is written into DIR's own hub cache (xdbert.mirror) under its real
-   id and a made-up commit, which DIR/hub.lock.json pins; the hand-provided files go to DIR/inputs;
+   id and a made-up commit, which DIR/hub.lock.json pins, in the real assets' layouts (xdbert.hub_layouts)
+   with random weights and generated text; the hand-provided files go to DIR/inputs;
 4. `dvc repro` runs in DIR with the hub and `datasets` offline and pointed at that cache.
 """
 from __future__ import annotations
