@@ -66,7 +66,8 @@ def clip_weights(name: str, pretrained: str) -> tuple[str, ...]:
     import open_clip
 
     filename = os.path.split(open_clip.get_pretrained_cfg(name, pretrained)["hf_hub"])[1] or "open_clip_pytorch_model.bin"
-    safe = "open_clip_model.safetensors" if filename == "open_clip_pytorch_model.bin" else os.path.splitext(filename)[0] + ".safetensors"
+    safe = ("open_clip_model.safetensors" if filename == "open_clip_pytorch_model.bin"
+            else os.path.splitext(filename)[0] + ".safetensors")
     return safe, filename
 
 
