@@ -11,6 +11,7 @@ from pathlib import Path
 import datasets
 import huggingface_hub
 import huggingface_hub.constants
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from safetensors.torch import load_file, save_file
@@ -137,6 +138,21 @@ def test_a_corrupted_asset_is_one_error_line_naming_it_and_the_lock_stays(out, c
     assert result.exit_code == 2 and len(errors) == 1, result.output
     assert errors[0].startswith(f"error: {asset}: ") and found in errors[0]
     assert f"| {asset} | FAIL |" in result.output and result.output.count("| FAIL |") == 1
+
+
+def test_a_corpus_whose_titles_the_article_rule_misses_fails(out):
+    """wikitext whose train titles lost their ` = ` marks: its articles run together, fewer than its titles."""
+    folder = snapshot("Salesforce/wikitext", "dataset")
+    for path in sorted(folder.rglob("train-*.parquet")):
+        table = pq.read_table(path)
+        lines = [line.replace(" = Article", " Article").replace(" = \n", "\n") if line.startswith(" = Article") else line
+                 for line in table.column("text").to_pylist()]
+        path.unlink()
+        pq.write_table(table.set_column(0, "text", pa.array(lines)), path)
+    result = check(out)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1, result.output
+    assert errors[0].startswith("error: Salesforce/wikitext (`corpus.hub_id`): expected one article per title line")
 
 
 def test_a_failed_check_after_a_download_keeps_the_old_lock(out):
