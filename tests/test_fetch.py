@@ -83,7 +83,10 @@ def test_fetch_asks_for_every_asset_and_pins_the_commits_the_hub_gave(cache, tmp
         return str(folder)
 
     lines = []
-    entries = fetch.fetch(p, tmp_path / "hub.lock.json", resolve=resolve, get=get, say=lines.append)
+    checked = []
+    entries = fetch.fetch(p, lock=tmp_path / "hub.lock.json", resolve=resolve, get=get, say=lines.append,
+                          check=lambda p, say: checked.append(json.loads((tmp_path / "hub.lock.json").read_text())))
+    assert checked == [json.loads((tmp_path / "hub.lock.json").read_text())]  # the check read the new pins
     assert asked == [(r, k, "v1.0" if r == "bert-base-uncased" else None) for _, r, k in PAPER_ASSETS]
     lock = json.loads((tmp_path / "hub.lock.json").read_text())
     assert lock == {"profile": "paper", "assets": entries}
@@ -127,7 +130,8 @@ def test_bad_input_is_one_error_before_any_download_and_keeps_the_old_lock(cache
     (tmp_path / "hub.lock.json").write_text('{"old": true}\n')
     calls = []
     with pytest.raises(PipelineError) as e:
-        fetch.fetch(p, tmp_path / "hub.lock.json", resolve=lambda a: calls.append(a), get=lambda a, r: calls.append(a))
+        fetch.fetch(p, lock=tmp_path / "hub.lock.json", resolve=lambda a: calls.append(a), get=lambda a, r: calls.append(a),
+                    check=lambda p, say: calls.append(p))
     assert message in str(e.value) and calls == []
     assert (tmp_path / "hub.lock.json").read_text() == '{"old": true}\n'
 

@@ -75,15 +75,23 @@ def check(params_file: Path = typer.Argument(Path("params.yaml"), help="the para
 
 
 @app.command()
-def fetch(params_file: Path = typer.Argument(Path("params.yaml"), help="the params whose hub assets to fetch")) -> None:
+def fetch(params_file: Path = typer.Argument(Path("params.yaml"), help="the params whose hub assets to fetch"),
+          check: bool = typer.Option(False, "--check", help="only load every pinned asset the way its stage loads "
+                                                           "it, and say in a table what passed; download and write nothing")) -> None:
     """Download every hub asset PARAMS_FILE names (models, datasets, open_clip weights) into the hub cache and
     pin each one's commit in hub.lock.json (commit it), which every stage then loads: run it where the hub
-    can be reached, then copy the cache (HF_HOME) to machines without internet."""
+    can be reached, then copy the cache (HF_HOME) to machines without internet. Every asset is then loaded once
+    the way its stage loads it (as `--check` does); a failure keeps the old hub.lock.json."""
     from xdbert.fetch import fetch as fetch_assets
+    from xdbert.fetch_check import check_assets
     from xdbert.params_check import check_file
 
     try:
-        fetch_assets(check_file(params_file), say=typer.echo)
+        p = check_file(params_file)
+        if check:
+            check_assets(p, say=typer.echo)
+        else:
+            fetch_assets(p, check=check_assets, say=typer.echo)
     except PipelineError as e:
         typer.echo("error: " + " ".join(str(e).split()), err=True)
         raise typer.Exit(2)

@@ -11,13 +11,16 @@ embedded profile shows up before the GPU hours are spent:
 3. every hub asset those params name is written into DIR's own hub cache (xdbert.mirror) under its real
    id and a made-up commit, which DIR/hub.lock.json pins, in the real assets' layouts (xdbert.hub_layouts)
    with random weights and generated text; the hand-provided files go to DIR/inputs;
-4. `dvc repro` runs in DIR with the hub and `datasets` offline and pointed at that cache.
+4. `xdbert fetch --check` loads every asset there the way its stage will (xdbert.fetch_check), as a real
+   fetch does after its downloads;
+5. `dvc repro` runs in DIR with the hub and `datasets` offline and pointed at that cache.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -100,6 +103,15 @@ def prepare(out: Path, sizes: str, say: Callable[[str], None] = print) -> dict:
     return p
 
 
+def check(out: Path, say: Callable[[str], None] = print) -> None:
+    """`xdbert fetch --check` in `out` with DIR's code, offline against its mirror, as `dvc repro` will load it."""
+    say(f"xdbert fetch --check in {out}")
+    done = subprocess.run([sys.executable, "-m", "xdbert.cli", "fetch", "--check"], cwd=out, env=offline_env(out))
+    if done.returncode != 0:
+        raise PipelineError(f"the mirror in {out} fails `xdbert fetch --check` (exit {done.returncode}): the table above "
+                            f"names the asset; the mirror (xdbert.mirror) or a loader no longer matches the real layouts")
+
+
 def run(out: Path, say: Callable[[str], None] = print) -> list[Path]:
     """`dvc repro` in `out`, offline against its mirror; the reports it wrote."""
     say(f"dvc repro in {out} (offline; hub cache {out / CACHE / 'hub'})")
@@ -113,6 +125,7 @@ def run(out: Path, say: Callable[[str], None] = print) -> list[Path]:
 def rehearse(out: Path, sizes: str, repro: bool = True, say: Callable[[str], None] = print) -> list[Path]:
     """The whole rehearsal; the reports (none without `repro`)."""
     prepare(out, sizes, say)
+    check(out, say)
     env = offline_env(out)
     say("to rerun by hand: cd " + str(out) + " && " + " ".join(
         f"{k}={env[k]}" for k in ("PYTHONPATH", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
