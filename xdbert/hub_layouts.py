@@ -19,7 +19,7 @@ _ENCODER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "voc
 
 MODELS: dict[str, dict] = {
     "bert-base-uncased": {
-        # main, as `xdbert fetch` keeps it (its MODEL_IGNORE drops the flax/tf/rust/onnx/coreml files)
+        # main, less the flax/tf/rust/onnx/coreml files (no loader here reads them)
         "files": (*_ENCODER_FILES, "model.safetensors", "pytorch_model.bin"),
         "weights": "model.safetensors", "format": "safetensors", "layer_norm": ("gamma", "beta"),
         # the pretraining model: `bert.` body, `cls.predictions` MLM head, `cls.seq_relationship` NSP head
