@@ -23,16 +23,16 @@ from xdbert.model.settings import ModelSettings, ablation_family
 from xdbert.stage import run
 
 
-def read(p: dict, family: str, variant: str) -> tuple[str, ModelSettings, AdaptSettings]:
-    """(profile, model, settings): every param this stage reads, checked; tools/dvc_yaml.py records them for its
-    `params:` in dvc.yaml."""
+def read(p: dict, family: str, variant: str) -> tuple[str, ModelSettings, AdaptSettings, str]:
+    """(profile, model, settings, the full key of its `clip_heads`): every param this stage reads, checked;
+    tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
     model = ModelSettings.from_params(p, family)
     settings = AdaptSettings.from_params(p, variant)
     ablated = ablation_family(p).name
     if variant not in (params.PROPOSED, params.BASELINE) and family != ablated:
         raise PipelineError(f"the ablation variant {variant!r} is adapted on `adapt.family` ({ablated}) only; "
                             f"family {family!r} has {params.PROPOSED} and {params.BASELINE}")
-    return p["profile"], model, settings
+    return p["profile"], model, settings, setting_key(p, variant, "clip_heads")
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
         raise PipelineError("usage: python stages/adapt.py FAMILY VARIANT (a key of `families`; xdbert, baseline or a "
                             "key of adapt.variants)")
     family, variant = sys.argv[1:]
-    profile, model, settings = read(params.load(), family, variant)
+    profile, model, settings, clip_heads_key = read(params.load(), family, variant)
     name = f"{family}/{variant}"
     stage = {params.PROPOSED: f"adapt@{family}", params.BASELINE: f"adapt_baseline@{family}"}.get(variant, f"ablate@{variant}")
 
@@ -72,7 +72,7 @@ def main() -> None:
     try:  # the tower's width is open_clip's to tell: here, before the shards are read
         check_clip_heads(model.clip, settings.clip_heads)
     except ValueError as e:
-        raise PipelineError(f"`{setting_key(p, variant, 'clip_heads')}` = {e}") from None
+        raise PipelineError(f"`{clip_heads_key}` = {e}") from None
     shards.check_matches(manifest, tokenizer_dir=paths.TOKENIZER, clip_name=model.clip)
     check_shared_vocabulary(model.encoder, family, paths.TOKENIZER)
     # verify: a flipped byte inside a shard still reads as Arrow; only its sha256 tells
