@@ -5,6 +5,7 @@ called on the window text and open_clip's SimpleTokenizer.encode.
 """
 from __future__ import annotations
 
+import dataclasses
 import io as stdio
 import random
 import re
@@ -521,6 +522,40 @@ def test_stage_fails_on_clip_overflow(tmp_path, monkeypatch):
     root = write_workdir(tmp_path, with_tokenize(max_len=64), train=[numbers] * 2)
     err = stage_error(root, monkeypatch)
     assert "raise tokenize.n_blocks or lower tokenize.max_len" in err and "% of the train windows" in err
+
+
+def test_overflow_lower_bound_is_exact_and_one_sided():
+    """Clopper-Pearson: the 99% lower bound of k in n is the share p at which seeing k or more has
+    probability 1%; it lies below k / n, and is 0 for no overflow."""
+    from scipy.stats import binom
+
+    from xdbert.data.tokenization.build import overflow_lower_bound
+
+    bound = overflow_lower_bound(100, 5000)
+    assert 0.0150 < bound < 0.0160 < 100 / 5000
+    assert binom.sf(99, 5000, bound) == pytest.approx(0.01, rel=1e-6)
+    assert overflow_lower_bound(0, 5000) == 0.0
+
+
+def test_overflow_stops_early_only_when_surely_above_the_limit():
+    from xdbert.data.tokenization.build import SplitResult, check_overflow_early
+
+    settings = dataclasses.replace(Settings.from_params(PARAMS["tokenize"]), max_overflow=0.01)
+    res = SplitResult(windows=4999, overflow=4999)
+    check_overflow_early("train", res, settings)  # under 5,000 windows: never
+    check_overflow_early("train", SplitResult(windows=5000, overflow=60), settings)  # 1.2%, but it may be chance
+    with pytest.raises(PipelineError, match=r"2\.00% of the train windows \(100 of 5000\).*stopped early: its 99% lower bound is 1\.5"):
+        check_overflow_early("train", SplitResult(windows=5000, overflow=100), settings)
+
+
+def test_stage_stops_early_on_clip_overflow(tmp_path, monkeypatch):
+    """The stage stops at the first batch past the minimum, leaving the earlier outputs as they were."""
+    from xdbert.data.tokenization import build
+
+    monkeypatch.setattr(build, "EARLY_MIN_WINDOWS", 1)
+    numbers = " ".join(f"{i},{i * 7 % 1000:03d}.{i % 10}" for i in range(400))  # ~7 CLIP tokens per BERT word
+    err = stage_error(write_workdir(tmp_path, with_tokenize(max_len=64), train=[numbers] * 2), monkeypatch)
+    assert "stopped early" in err and "of the train windows" in err
 
 
 def test_stage_fails_on_an_empty_corpus(tmp_path, monkeypatch):
