@@ -1,0 +1,239 @@
+"""The mechanism study's cells, intervals and gates (xdbert/analysis/mechanism_stats.py)."""
+import itertools
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from xdbert.analysis import mechanism_stats as M
+
+DRAWS = dict(n_boot=2000, level=0.95, exact_below=20, seed=0)
+
+
+def vis(n_objects=32, per_object=8, n_seeds=5, rate=0.6, seed=0, kind="F+"):
+    """Random right/wrong (seeds, examples) on `n_objects` objects of one kind, `per_object` examples each."""
+    rng = np.random.default_rng(seed)
+    objects = np.repeat(np.arange(n_objects), per_object)
+    kinds = np.full(len(objects), kind)
+    return rng.random((n_seeds, len(objects))) < rate, objects, kinds
+
+
+# ----------------------------------------------------------------------------------------------------
+# cells and intervals
+# ----------------------------------------------------------------------------------------------------
+
+def test_unit_counts_group_a_kinds_examples_by_object():
+    correct = np.array([[1, 0, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=bool)
+    objects = np.array(["kite", "kite", "boat", "kite", "boat"])
+    kinds = np.array(["F+", "F+", "F+", "T=", "F+"])
+    right, size = M.unit_counts(correct, objects, kinds, "F+")
+    np.testing.assert_array_equal(right, [[1, 1], [2, 0]])  # units sorted: boat, kite
+    np.testing.assert_array_equal(size, [2, 2])
+    with pytest.raises(ValueError, match="no example of kind"):
+        M.unit_counts(correct, objects, kinds, "F0")
+
+
+def test_the_bootstrap_resamples_whole_objects():
+    """Each object's examples all right or all wrong (per seed), 8 examples each: a replicate's accuracy counts
+    whole objects, a multiple of 1/25; resampling examples would give multiples of 1/200."""
+    rng = np.random.default_rng(0)
+    objects = np.repeat(np.arange(25), 8)
+    correct = (rng.random((5, 25)) < 0.5)[:, objects]
+    right, size = M.unit_counts(correct, objects, None, None)
+    replicates = M.bootstrap_replicates(right, size, 2000, seed=0)
+    scaled = replicates * 25
+    np.testing.assert_allclose(scaled, np.round(scaled), atol=1e-9)
+    assert len(np.unique(replicates)) > 5  # they do vary
+
+
+def test_the_seeds_are_resampled_too():
+    """Every object right on seed 0, wrong on the others: the seed draw alone makes replicates differ."""
+    objects = np.repeat(np.arange(25), 4)
+    correct = np.zeros((3, 100), dtype=bool)
+    correct[0] = True
+    right, size = M.unit_counts(correct, objects, None, None)
+    assert set(np.unique(M.bootstrap_replicates(right, size, 500, seed=0))) == {0.0, 1.0}  # median of 3 drawn seeds
+
+
+def test_a_cell_is_the_median_over_seeds():
+    correct, objects, kinds = vis(n_seeds=3)
+    per_seed = correct.mean(1)
+    c = M.cell(correct, objects, kinds, "F+", **DRAWS)
+    assert c.estimate == np.median(per_seed)
+    assert c.low < c.estimate < c.high and c.method == M.BOOTSTRAP_OBJECTS
+
+
+@pytest.mark.parametrize("n_objects", [32, 8])  # bootstrap, and the exact interval
+def test_a_model_against_itself_differs_by_exactly_zero(n_objects):
+    correct, objects, kinds = vis(n_objects=n_objects)
+    d = M.paired_difference(correct, correct, objects, kinds, "F+", **DRAWS)
+    assert (d.estimate, d.low, d.high) == (0.0, 0.0, 0.0)
+    assert d.method == (M.EXACT if n_objects < 20 else M.BOOTSTRAP_OBJECTS)
+
+
+def test_a_clear_gain_lies_above_zero():
+    a, objects, kinds = vis(rate=0.8, seed=1)
+    b, _, _ = vis(rate=0.5, seed=2)
+    d = M.paired_difference(a, b, objects, kinds, "F+", **DRAWS)
+    assert d.low > 0 and d.estimate == pytest.approx(0.3, abs=0.06)
+    assert M.paired_difference(b, a, objects, kinds, "F+", **DRAWS).high < 0
+
+
+def test_noise_covers_zero_in_most_seeds():
+    covers = []
+    for seed in range(10):
+        a, objects, kinds = vis(seed=2 * seed)
+        b, _, _ = vis(seed=2 * seed + 1)
+        d = M.paired_difference(a, b, objects, kinds, "F+", **DRAWS)
+        covers.append(d.low <= 0 <= d.high)
+    assert sum(covers) >= 8, covers
+
+
+def test_the_difference_is_paired():
+    """b is a with a tenth of its answers flipped: paired, the interval is far narrower than from the two
+    cells' own widths, which unpaired draws would add up."""
+    a, objects, kinds = vis(seed=3)
+    b = a ^ (np.random.default_rng(4).random(a.shape) < 0.1)
+    d = M.paired_difference(a, b, objects, kinds, "F+", **DRAWS)
+    ca, cb = (M.cell(x, objects, kinds, "F+", **DRAWS) for x in (a, b))
+    assert d.high - d.low < 0.5 * ((ca.high - ca.low) + (cb.high - cb.low))
+
+
+def test_a_task_without_objects_resamples_examples():
+    rng = np.random.default_rng(5)
+    correct = rng.random((5, 400)) < 0.8
+    c = M.cell(correct, None, None, None, **DRAWS)
+    assert c.method == M.BOOTSTRAP_EXAMPLES and c.low < c.estimate < c.high
+    assert c.high - c.low == pytest.approx(2 * 1.96 * np.sqrt(0.8 * 0.2 / 400), rel=0.3)
+
+
+def hand_case(level):
+    """4 objects of 10 examples, the same on 3 seeds: a gets 1, 2, 3 and 6 of them right, b none."""
+    objects = np.repeat(np.arange(4), 10)
+    a = np.zeros((3, 40), dtype=bool)
+    for obj, n_right in enumerate([1, 2, 3, 6]):
+        a[:, obj * 10:obj * 10 + n_right] = True
+    return M.paired_difference(a, np.zeros_like(a), objects, None, None, n_boot=2000, level=level,
+                               exact_below=20, seed=0)
+
+
+def test_the_exact_interval_on_a_hand_computed_case():
+    """Differences 0.1, 0.2, 0.3, 0.6. The 15 subset means, sorted: 0.1, 0.15, 0.2, 0.2, 0.2, 0.25, 0.3, 0.3,
+    0.3, 0.333, 0.35, 0.367, 0.4, 0.45, 0.6. At level 0.75, k = floor(0.125 * 16) = 2: [0.15, 0.45]. At 0.95,
+    k = floor(0.025 * 16) = 0: 4 objects can reject no difference, so the interval is all of [-1, 1]."""
+    d = hand_case(0.75)
+    assert d.method == M.EXACT and d.estimate == pytest.approx(0.3)
+    assert (d.low, d.high) == (pytest.approx(0.15), pytest.approx(0.45))
+    assert hand_case(0.95)[1:3] == (-1.0, 1.0)
+
+
+def sign_flip_tails(values, mu):
+    """Both one-sided p-values of the centre mu, by enumerating all 2^n sign assignments of values - mu."""
+    d = np.asarray(values) - mu
+    flipped = np.array([np.dot(s, d) for s in itertools.product([-1, 1], repeat=len(d))])
+    return np.mean(flipped >= d.sum() - 1e-12), np.mean(flipped <= d.sum() + 1e-12)
+
+
+def test_the_exact_interval_inverts_the_sign_flip_test():
+    """8 objects at 95% (the F0 case): at each end of the interval the test does not reject, just beyond it does."""
+    values = np.random.default_rng(6).random(8)
+    low, high = M.exact_interval(values, 0.95, (0.0, 1.0))
+    assert min(sign_flip_tails(values, low)) > 0.025 and min(sign_flip_tails(values, high)) > 0.025
+    assert sign_flip_tails(values, low - 1e-6)[0] <= 0.025
+    assert sign_flip_tails(values, high + 1e-6)[1] <= 0.025
+
+
+def test_an_f0_cell_gets_an_exact_interval():
+    correct, objects, kinds = vis(n_objects=8, kind="F0")
+    c = M.cell(correct, objects, kinds, "F0", **DRAWS)
+    assert c.method == M.EXACT and 0 <= c.low < c.estimate < c.high <= 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# gates
+# ----------------------------------------------------------------------------------------------------
+
+def iv(estimate, low, high):
+    return M.Interval(estimate, low, high, M.BOOTSTRAP_OBJECTS)
+
+
+GAIN, NULL = iv(0.10, 0.04, 0.16), iv(0.01, -0.03, 0.04)
+
+
+def test_gate_a():
+    a = M.gate_a(iv(0.41, 0.30, 0.52), 1.0, 0.001, M.GATES)
+    assert a.passed
+    assert a.text == "PASS: CLIP-T(facts) - CLIP-T(twin) on F+ = +0.41 [0.30, 0.52]; tower probe 1.00, p 0.001"
+    assert not M.gate_a(NULL, 1.0, 0.001, M.GATES).passed
+    assert not M.gate_a(GAIN, 0.40, 0.02, M.GATES).passed  # the probe above chance, not below alpha 0.01
+
+
+def test_gate_b():
+    assert M.gate_b(GAIN).passed
+    b = M.gate_b(iv(0.0, 0.0, 0.05))  # an interval that touches 0 is not above it
+    assert b.state == "FAIL" and b.text.startswith("FAIL: full XDBERT - full nofacts on F+ = +0.00")
+
+
+def test_gate_c():
+    inside = {"corpus": (0.27, 0.31), "baseline": (0.25, 0.45), "pretrain_encoder": (0.23, 0.53)}
+    assert M.gate_c(inside, M.GATES).passed
+    leak = M.gate_c({**inside, "bag-of-words": (0.60, 0.001)}, M.GATES)
+    assert not leak.passed and "bag-of-words 0.60, p 0.001" in leak.text
+    with pytest.raises(ValueError):
+        M.gate_c({}, M.GATES)
+
+
+def test_gate_d_passes_fails_and_is_not_replicated():
+    holds = M.Claim(GAIN, NULL, NULL, 0.01)
+    assert M.gate_d(holds, holds, M.GATES).state == "PASS"
+    assert M.gate_d(holds, None, M.GATES).state == "not replicated"
+    assert M.gate_d(holds, M.Claim(GAIN, NULL, NULL, 0.3), M.GATES).state == "not replicated"
+    for broken in (M.Claim(NULL, NULL, NULL, 0.01),   # no gain on F+
+                   M.Claim(GAIN, GAIN, NULL, 0.01),   # a gain on T= too
+                   M.Claim(GAIN, NULL, GAIN, 0.01),   # a gain on SST-2 too
+                   M.Claim(GAIN, NULL, NULL, 0.2)):   # the probe does not see it
+        d = M.gate_d(broken, holds, M.GATES)
+        assert d.state == "FAIL" and not d.passed
+
+
+def test_fisher_matches_scipy():
+    for table in [(30, 5, 12, 10), (3, 4, 5, 1), (0, 0, 4, 4), (10, 0, 0, 10)]:
+        expected = scipy.stats.fisher_exact([table[:2], table[2:]], alternative="greater").pvalue
+        assert M.fisher_greater(*table) == pytest.approx(expected, rel=1e-12)
+
+
+def test_gate_e():
+    e = M.gate_e(45, 5, 12, 8, M.GATES)
+    assert e.passed and e.text.startswith("PASS: F+ among improved 45/50, among worsened 12/20")
+    assert not M.gate_e(40, 10, 16, 4, M.GATES).passed  # the same share as among the worsened
+    assert not M.gate_e(0, 0, 10, 3, M.GATES).passed    # nothing improved
+
+
+# ----------------------------------------------------------------------------------------------------
+# the report's table
+# ----------------------------------------------------------------------------------------------------
+
+def records(a=True, b=True, c=True, d="FAIL"):
+    gates = [M.gate_a(GAIN if a else NULL, 1.0, 0.001, M.GATES), M.gate_b(GAIN if b else NULL),
+             M.gate_c({"corpus": (0.25, 0.4 if c else 0.001)}, M.GATES)]
+    f_plus = iv(0.02, -0.03, 0.07)
+    claim = {"FAIL": M.Claim(f_plus, NULL, NULL, 0.5), "PASS": M.Claim(GAIN, NULL, NULL, 0.01)}
+    gates.append(M.gate_d(claim["FAIL" if d == "FAIL" else "PASS"], claim["PASS"] if d == "PASS" else None, M.GATES))
+    return gates + [M.gate_e(30, 10, 20, 10, M.GATES)]
+
+
+def test_the_gates_table_and_its_summary():
+    text = M.gates_markdown(records())
+    lines = text.splitlines()
+    assert lines[0] == "| gate | tests | result | numbers |"
+    assert lines[2].startswith("| A | the facts are in CLIP | PASS | CLIP-T(facts) - CLIP-T(twin) on F+ = +0.10")
+    assert [line.split(" | ")[2] for line in lines[2:7]] == ["PASS", "PASS", "PASS", "FAIL", "FAIL"]
+    assert lines[-1] == ("A-C pass, D null: the recipe did not move the facts into the encoder; the interval's "
+                         "upper end is +0.07.")
+
+
+@pytest.mark.parametrize("kw, start", [
+    (dict(a=False), "A fails"), (dict(b=False), "A passes, B fails"), (dict(c=False), "C fails"),
+    (dict(d="not replicated"), "A-C pass, D not replicated"), (dict(d="PASS"), "A-D pass")])
+def test_the_summary_names_what_failed(kw, start):
+    assert M.summary(records(**kw)).startswith(start)

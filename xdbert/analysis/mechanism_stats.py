@@ -1,0 +1,332 @@
+"""The mechanism study's cells, intervals and gates (../shared/MECHANISM.md, "Rows" and "Gates").
+
+Pure numpy. A model's results on a task are `correct` (seeds, examples) bool: per finetuning seed, per dev
+example, whether the model was right. On the probe task `vis` every dev example has a kind (F+, F0, T=,
+T!=) and an object; the fact-free control task (SST-2) has neither, and there each example is its own unit.
+
+- A cell (model, kind) is the median over seeds of the accuracy on that kind's examples.
+- Its interval comes from a two-level bootstrap: draw the kind's objects with replacement, each with all its
+  examples, then draw the seeds with replacement; the cell of each replicate is the median over the drawn
+  seeds of the accuracy over the drawn objects' examples; the interval is the percentile one. The draws
+  depend only on (units, seeds, n_boot, seed), so two models of one cell draw the same objects and seeds:
+  a difference of two models is paired, replicate by replicate.
+- A cell of fewer than `exact_below` objects (F0 has 8) has too few distinct resamples for a bootstrap;
+  it gets an exact interval from the sign-flip test over objects instead (`exact_interval`).
+- Gates A-E turn these numbers into PASS or FAIL records (`Gate`); `gates_markdown` writes the report's
+  table and its one summary sentence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import comb
+from typing import Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+# The pre-registered settings: params' `mechanism.gates` will hold them, committed before seed 0 runs.
+GATES = {
+    "level": 0.95,          # the coverage of every interval
+    "n_boot": 2000,         # bootstrap replicates of a cell
+    "exact_below": 20,      # cells of fewer objects get exact sign-flip intervals
+    "n_perm": 1000,         # permutations of a probe's null (probe.permutation_null)
+    "n_flip": 10000,        # random sign flips of D's paired probe test (probe.sign_flip_p)
+    "lambda": 10.0,         # the probe's ridge penalty on standardized features
+    "probe_layer": "the layer the cross layers read",
+    "alpha_a": 0.01,        # A: the facts tower's probe above its null
+    "alpha_c": 0.05,        # C: a probe lies inside its null when its p is above this
+    "alpha_d": 0.05,        # D: the encoder probe's paired sign-flip test
+    "alpha_e": 0.05,        # E: the one-sided Fisher test of F+ among improved against worsened examples
+}
+
+BOOTSTRAP_OBJECTS = "bootstrap: objects, then seeds"
+BOOTSTRAP_EXAMPLES = "bootstrap: examples, then seeds"
+EXACT = "exact sign-flip"
+
+
+class Interval(NamedTuple):
+    """A cell or a difference of two cells: the estimate, its interval and how the interval was made."""
+
+    estimate: float
+    low: float
+    high: float
+    method: str
+
+
+# ----------------------------------------------------------------------------------------------------
+# Cells and their intervals
+# ----------------------------------------------------------------------------------------------------
+
+def unit_counts(correct: np.ndarray, objects: np.ndarray | None, kinds: np.ndarray | None,
+                kind: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """The examples of `kind` (all examples where `kind` is None) grouped into units, the objects (each
+    example its own unit where `objects` is None): per seed and unit the examples right, `right`
+    (seeds, units), and each unit's number of examples, `size` (units,). Units are in sorted order."""
+    correct = np.asarray(correct, dtype=bool)
+    if correct.ndim != 2 or correct.shape[0] == 0:
+        raise ValueError(f"`correct` must be (seeds >= 1, examples) bool; got shape {correct.shape}")
+    n = correct.shape[1]
+    if kind is None:
+        keep = np.ones(n, dtype=bool)
+    else:
+        if kinds is None or len(kinds) != n:
+            raise ValueError(f"kind {kind!r} needs `kinds`, one per example ({n})")
+        keep = np.asarray(kinds) == kind
+    if not keep.any():
+        raise ValueError(f"no example of kind {kind!r}")
+    if objects is not None and len(objects) != n:
+        raise ValueError(f"`objects` has {len(objects)} entries for {n} examples")
+    units = np.arange(n) if objects is None else np.asarray(objects)
+    _, unit = np.unique(units[keep], return_inverse=True)
+    right = np.stack([np.bincount(unit, weights=row, minlength=unit.max() + 1) for row in correct[:, keep]])
+    return right, np.bincount(unit).astype(np.float64)
+
+
+def point(right: np.ndarray, size: np.ndarray) -> float:
+    """The cell: the median over seeds of the accuracy over all the units' examples."""
+    return float(np.median(right.sum(1) / size.sum()))
+
+
+def bootstrap_replicates(right: np.ndarray, size: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+    """The cell on `n_boot` two-level resamples (n_boot,): units drawn with replacement (whole, with all
+    their examples), then seeds drawn with replacement; per replicate, the median over the drawn seeds of
+    each seed's accuracy over the drawn units' examples. The draws depend on the shapes and `seed` alone,
+    so two models with the same units and seeds get the same draws."""
+    n_seeds, n_units = right.shape
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(0, n_units, (n_boot, n_units))
+    weights = np.zeros((n_boot, n_units))
+    np.add.at(weights, (np.arange(n_boot)[:, None], drawn), 1.0)   # how often each unit was drawn
+    seeds = rng.integers(0, n_seeds, (n_boot, n_seeds))
+    accuracy = (weights @ right.T) / (weights @ size)[:, None]     # (n_boot, seeds)
+    return np.median(np.take_along_axis(accuracy, seeds, axis=1), axis=1)
+
+
+def exact_interval(values: np.ndarray, level: float, bounds: tuple[float, float]) -> tuple[float, float]:
+    """An exact interval for the centre mu of per-object `values` (n,), by inverting the sign-flip test.
+
+    The test of a centre mu flips the signs of values - mu in all 2^n ways and compares each sum with the
+    observed one; the interval holds every mu that neither one-sided test rejects at (1 - level) / 2, so
+    it covers mu with probability >= level when the values are symmetric about it. Written out
+    (Hartigan 1969): a sign flip of the set F gives a sum at least the observed one exactly when the mean
+    of the values in F is at most mu, so the upper-tail p is (1 + #{F: mean_F <= mu}) / 2^n, and the
+    interval runs from the k-th smallest to the k-th largest of the 2^n - 1 subset means, with
+    k = floor((1 - level) / 2 * 2^n). Where k = 0 (5 objects or fewer at 95%) no centre is ever rejected,
+    and the interval is `bounds`, all the quantity can be.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"the level must lie in (0, 1); got {level}")
+    sums, counts = np.zeros(1), np.zeros(1)
+    for v in np.asarray(values, dtype=np.float64):  # each subset's sum and size, doubling per object
+        sums, counts = np.concatenate([sums, sums + v]), np.concatenate([counts, counts + 1])
+    means = np.sort(sums[1:] / counts[1:])
+    k = int(np.floor((1 - level) / 2 * 2 ** len(values) + 1e-9))
+    if k == 0:
+        return bounds
+    return float(means[k - 1]), float(means[-k])
+
+
+def per_object(right: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Each unit's accuracy over its examples, the median over seeds first (units,): the exact interval's values."""
+    return np.median(right / size, axis=0)
+
+
+def percentile_interval(replicates: np.ndarray, level: float) -> tuple[float, float]:
+    low, high = np.percentile(replicates, [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)
+
+
+def cell(correct: np.ndarray, objects: np.ndarray | None, kinds: np.ndarray | None, kind: str | None, *,
+         n_boot: int, level: float, exact_below: int, seed: int) -> Interval:
+    """A model's cell on `kind` (the whole split where None) with its interval.
+
+    `correct` (seeds, examples) bool; `objects` and `kinds` (examples,), or None on a task without them.
+    From `exact_below` units up, the two-level bootstrap's percentile interval (`bootstrap_replicates`);
+    below, the exact sign-flip interval (`exact_interval`) for the centre of the per-object accuracies,
+    each a median over seeds, within [0, 1]. The estimate is always the cell itself (`point`).
+    """
+    right, size = unit_counts(correct, objects, kinds, kind)
+    estimate = point(right, size)
+    if len(size) < exact_below:
+        return Interval(estimate, *exact_interval(per_object(right, size), level, (0.0, 1.0)), EXACT)
+    replicates = bootstrap_replicates(right, size, n_boot, seed)
+    method = BOOTSTRAP_EXAMPLES if objects is None else BOOTSTRAP_OBJECTS
+    return Interval(estimate, *percentile_interval(replicates, level), method)
+
+
+def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray, objects: np.ndarray | None,
+                      kinds: np.ndarray | None, kind: str | None, *, n_boot: int, level: float,
+                      exact_below: int, seed: int) -> Interval:
+    """Model a's cell minus model b's on `kind`, paired: both on the same examples and seeds (seed i of a
+    beside seed i of b), and every bootstrap replicate draws the same objects and seeds for both.
+
+    Below `exact_below` units, the exact sign-flip interval (`exact_interval`) over objects, within
+    [-1, 1], of the per-object differences: each object's accuracy for a minus that for b, each a median
+    over seeds first. The estimate is always the difference of the two cells.
+    """
+    if np.shape(correct_a) != np.shape(correct_b):
+        raise ValueError(f"a paired difference needs the same seeds and examples; got {np.shape(correct_a)} "
+                         f"and {np.shape(correct_b)}")
+    (right_a, size), (right_b, _) = (unit_counts(c, objects, kinds, kind) for c in (correct_a, correct_b))
+    estimate = point(right_a, size) - point(right_b, size)
+    if len(size) < exact_below:
+        values = per_object(right_a, size) - per_object(right_b, size)
+        return Interval(estimate, *exact_interval(values, level, (-1.0, 1.0)), EXACT)
+    replicates = bootstrap_replicates(right_a, size, n_boot, seed) - bootstrap_replicates(right_b, size, n_boot, seed)
+    method = BOOTSTRAP_EXAMPLES if objects is None else BOOTSTRAP_OBJECTS
+    return Interval(estimate, *percentile_interval(replicates, level), method)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Gates A-E
+# ----------------------------------------------------------------------------------------------------
+
+PASS, FAIL, NOT_REPLICATED = "PASS", "FAIL", "not replicated"
+QUESTIONS = {"A": "the facts are in CLIP", "B": "the cross-attention path carries them", "C": "no leakage",
+             "D": "the claim: the facts reach the encoder", "E": "Figure 4 calibrated"}
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One gate's verdict: its state (PASS, FAIL, or for D "not replicated"), the numbers it was decided
+    on in one line, and the difference it reads (A, B, D), whose upper end the summary quotes for D."""
+
+    name: str
+    state: str
+    numbers: str
+    interval: Interval | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.state == PASS
+
+    @property
+    def text(self) -> str:
+        return f"{self.state}: {self.numbers}"
+
+
+def above_zero(interval: Interval) -> bool:
+    """A gain: the whole interval above 0."""
+    return interval.low > 0
+
+
+def fmt(interval: Interval) -> str:
+    exact = " (exact)" if interval.method == EXACT else ""
+    return f"{interval.estimate:+.2f} [{interval.low:.2f}, {interval.high:.2f}]{exact}"
+
+
+def fmt_p(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.0005 else f"{p:.1e}"  # 1/(1 + 1,000 permutations) is 0.001; 1/(1 + 10,000 flips) 1.0e-04
+
+
+def verdict(passed: bool) -> str:
+    return PASS if passed else FAIL
+
+
+def gate_a(clip_difference: Interval, probe_accuracy: float, probe_p: float, thresholds: Mapping) -> Gate:
+    """A, the facts are in CLIP: CLIP-T (facts) minus CLIP-T (twin) on F+ above 0, and the facts tower's
+    probe at `probe_layer` above its null (p < alpha_a)."""
+    passed = above_zero(clip_difference) and probe_p < thresholds["alpha_a"]
+    numbers = (f"CLIP-T(facts) - CLIP-T(twin) on F+ = {fmt(clip_difference)}; "
+               f"tower probe {probe_accuracy:.2f}, p {fmt_p(probe_p)}")
+    return Gate("A", verdict(passed), numbers, clip_difference)
+
+
+def gate_b(full_difference: Interval) -> Gate:
+    """B, the cross-attention path carries them: full XDBERT minus full `nofacts` on F+ above 0."""
+    return Gate("B", verdict(above_zero(full_difference)),
+                f"full XDBERT - full nofacts on F+ = {fmt(full_difference)}", full_difference)
+
+
+def gate_c(probes: Mapping[str, tuple[float, float]], thresholds: Mapping) -> Gate:
+    """C, no leakage: every listed probe, name -> (accuracy, p), inside its null (p > alpha_c): the
+    model-free corpus probe, the baseline's and pretrain_encoder's, the bag-of-words model."""
+    if not probes:
+        raise ValueError("gate C needs at least one probe")
+    passed = all(p > thresholds["alpha_c"] for _, p in probes.values())
+    numbers = "; ".join(f"{name} {accuracy:.2f}, p {fmt_p(p)}" for name, (accuracy, p) in probes.items())
+    return Gate("C", verdict(passed), numbers)
+
+
+class Claim(NamedTuple):
+    """What D reads on one facts seed: XDBERT minus `nofacts` on F+, T= and SST-2 (paired differences),
+    and the encoder probe's paired sign-flip p (probe.sign_flip_p)."""
+
+    f_plus: Interval
+    t_equal: Interval
+    sst2: Interval
+    flip_p: float
+
+
+def claim_holds(claim: Claim, alpha: float) -> bool:
+    """A gain on F+ that neither T= nor SST-2 shows (their intervals not above 0), seen by the probe too."""
+    return (above_zero(claim.f_plus) and not above_zero(claim.t_equal) and not above_zero(claim.sst2)
+            and claim.flip_p < alpha)
+
+
+def fmt_claim(claim: Claim) -> str:
+    return (f"F+ {fmt(claim.f_plus)}; T= {fmt(claim.t_equal)}; SST-2 {fmt(claim.sst2)}; "
+            f"probe sign-flip p {fmt_p(claim.flip_p)}")
+
+
+def gate_d(claim: Claim, replication: Claim | None, thresholds: Mapping) -> Gate:
+    """D, the claim: XDBERT minus `nofacts` (`claim_holds`) on facts seed 0; PASS only if it holds again
+    with the facts reassigned (`replication`, facts seed 1), "not replicated" where it does not or that
+    run is missing; FAIL where seed 0 does not hold."""
+    holds = claim_holds(claim, thresholds["alpha_d"])
+    again = replication is not None and claim_holds(replication, thresholds["alpha_d"])
+    state = FAIL if not holds else PASS if again else NOT_REPLICATED
+    seed1 = "not run" if replication is None else fmt_claim(replication)
+    return Gate("D", state, f"XDBERT - nofacts: {fmt_claim(claim)}; facts seed 1: {seed1}", claim.f_plus)
+
+
+def fisher_greater(improved_f_plus: int, improved_f0: int, worsened_f_plus: int, worsened_f0: int) -> float:
+    """One-sided Fisher exact p that improved examples are richer in F+ than worsened ones: with the
+    table's margins fixed (hypergeometric), the chance of at least this many F+ among the improved."""
+    f_plus, improved = improved_f_plus + worsened_f_plus, improved_f_plus + improved_f0
+    n = improved + worsened_f_plus + worsened_f0
+    tail = sum(comb(f_plus, x) * comb(n - f_plus, improved - x) for x in range(improved_f_plus, improved + 1))
+    return tail / comb(n, improved)
+
+
+def gate_e(improved_f_plus: int, improved_f0: int, worsened_f_plus: int, worsened_f0: int,
+           thresholds: Mapping) -> Gate:
+    """E, Figure 4 calibrated: among the F examples XDBERT improves over `nofacts`, a larger share of F+
+    (facts CLIP knows) than among those it worsens; F0 (facts nobody knows) is the rest. One-sided Fisher
+    exact test (`fisher_greater`), p < alpha_e."""
+    p = fisher_greater(improved_f_plus, improved_f0, worsened_f_plus, worsened_f0)
+    numbers = (f"F+ among improved {improved_f_plus}/{improved_f_plus + improved_f0}, among worsened "
+               f"{worsened_f_plus}/{worsened_f_plus + worsened_f0}; one-sided Fisher p {fmt_p(p)}")
+    return Gate("E", verdict(p < thresholds["alpha_e"]), numbers)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The report's gates table
+# ----------------------------------------------------------------------------------------------------
+
+def summary(records: Sequence[Gate]) -> str:
+    """The one sentence the design asks for: what the first failing gate of A-C means, else D's reading."""
+    by_name = {r.name: r for r in records}
+    missing = [n for n in "ABCD" if n not in by_name]
+    if missing:
+        raise ValueError(f"the summary needs gates A-D; missing {', '.join(missing)}")
+    a, b, c, d = (by_name[n] for n in "ABCD")
+    if not a.passed:
+        return "A fails: the CLIP stand-in does not hold the facts; fix it before reading the other gates."
+    if not b.passed:
+        return "A passes, B fails: a pipeline defect; the cross-attention path does not carry CLIP's facts."
+    if not c.passed:
+        return "C fails: the study is invalid until the leak is found."
+    if d.state == NOT_REPLICATED:
+        return ("A-C pass, D not replicated: the facts reached the encoder on facts seed 0, but not again with "
+                "the facts reassigned.")
+    if d.passed:
+        return "A-D pass: the recipe moved the facts into the encoder, again with the facts reassigned."
+    return (f"A-C pass, D null: the recipe did not move the facts into the encoder; the interval's upper end "
+            f"is {d.interval.high:+.2f}.")
+
+
+def gates_markdown(records: Sequence[Gate]) -> str:
+    """The gates as a markdown table (gate, what it tests, PASS/FAIL, the numbers), then the summary."""
+    lines = ["| gate | tests | result | numbers |", "|---|---|---|---|"]
+    lines += [f"| {r.name} | {QUESTIONS[r.name]} | {r.state} | {r.numbers} |" for r in records]
+    return "\n".join(lines) + "\n\n" + summary(records) + "\n"
