@@ -83,6 +83,29 @@ OBJECTS = [
     Noun("tent", "tents", large=True, buildable=True), Noun("stone", "stones"), Noun("toy", "toys", buildable=True),
 ]
 
+# The mechanism study's new objects (../shared/MECHANISM.md, "The world"): each one a single token in CLIP's
+# BPE and in bert-base-uncased's WordPiece, like every old object. The generators take them only through
+# their `objects` argument, so the default data stays the same. Per (large, buildable) stratum, 4 + 4 + 4 + 24:
+# multiples of 4, so each new stratum holds every attribute of `PATTERNS` equally often.
+EXTRA_OBJECTS = [
+    Noun("canoe", "canoes", large=True, buildable=True), Noun("raft", "rafts", large=True, buildable=True),
+    Noun("cart", "carts", large=True, buildable=True), Noun("desk", "desks", large=True, buildable=True),
+    Noun("truck", "trucks", large=True), Noun("tractor", "tractors", large=True), Noun("piano", "pianos", large=True),
+    Noun("van", "vans", large=True),
+    Noun("pie", "pies", buildable=True), Noun("doll", "dolls", buildable=True), Noun("necklace", "necklaces", buildable=True),
+    Noun("quilt", "quilts", buildable=True),
+    Noun("pencil", "pencils"), Noun("brush", "brushes"), Noun("hammer", "hammers"), Noun("spoon", "spoons"),
+    Noun("jar", "jars"), Noun("glove", "gloves"), Noun("sock", "socks"), Noun("scarf", "scarves"), Noun("shoe", "shoes"),
+    Noun("pen", "pens"), Noun("drum", "drums"), Noun("towel", "towels"), Noun("pillow", "pillows"),
+    Noun("jacket", "jackets"), Noun("helmet", "helmets"), Noun("wallet", "wallets"), Noun("lantern", "lanterns"),
+    Noun("kettle", "kettles"), Noun("trumpet", "trumpets"), Noun("ribbon", "ribbons"), Noun("mug", "mugs"),
+    Noun("shovel", "shovels"), Noun("envelope", "envelopes"), Noun("violin", "violins"),
+]
+
+# The mechanism study's attribute words: the visual facts only the captions state. Each is a single token
+# in CLIP's BPE and in WordPiece (`zigzag` and `checkered` are not single CLIP tokens).
+PATTERNS = ["striped", "spotted", "plaid", "floral"]
+
 # What one does with an object, as a present-tense continuation of "<subject> ..." that refers to
 # the object as "it". SWAG's endings are built from these: an ending is plausible only for an object
 # whose own phrases include it. Objects in the same group share their phrases.
@@ -111,6 +134,25 @@ AFFORDANCES: dict[str, tuple[str, list[str]]] = {
     "map": ("unfold", ["unfolds it to find the road", "studies it to find the way home"]),
     "flower": ("smell", ["smells it and smiles", "puts it in a vase of water"]),
     "key": ("lock", ["turns it in the lock", "unlocks the door with it"]),
+    # the new objects (EXTRA_OBJECTS), about the same share as the old ones
+    "canoe": ("row", ["paddles it across the lake", "pushes it off the shore and paddles away"]),
+    "raft": ("row", ["pushes it into the river and floats away", "steers it down the river"]),
+    "truck": ("drive", ["drives it down the road", "parks it near the shop"]),
+    "tractor": ("drive", ["drives it across the field", "starts it and drives to the farm"]),
+    "piano": ("music", ["plays a slow tune on it", "sits down at it and plays"]),
+    "violin": ("music", ["plays a song on it", "tunes it and plays for the guests"]),
+    "drum": ("music", ["beats it in time with the song", "plays a loud rhythm on it"]),
+    "pie": ("eat", ["cuts it into slices", "eats a piece of it"]),
+    "jacket": ("wear", ["puts it on against the cold", "wears it to the party"]),
+    "scarf": ("wear", ["wraps it around the neck", "wears it on the cold walk home"]),
+    "glove": ("wear", ["pulls it on against the cold", "wears it to work in the garden"]),
+    "mug": ("drink", ["drinks hot coffee from it", "fills it with tea and drinks"]),
+    "lantern": ("light", ["lights it as night falls", "lights it and hangs it by the door"]),
+    "pencil": ("write", ["writes a short note with it", "signs a name with it"]),
+    "pen": ("write", ["writes a short note with it", "writes a list with it"]),
+    "shovel": ("dig", ["digs a hole in the garden with it", "clears the snow from the path with it"]),
+    "towel": ("dry", ["dries the dishes with it", "dries the wet dog with it"]),
+    "envelope": ("post", ["puts a card in it and posts it", "writes an address on it and posts it"]),
 }
 
 PLACES = [Place(*p.split()) for p in (
@@ -276,4 +318,55 @@ def verbs_for(obj: Noun) -> list[Verb]:
         if v.base in BUILD_ONLY and not obj.buildable:
             continue
         out.append(v)
+    return out
+
+
+def generate_captions(n: int, seed: int, objects: list[Noun] = OBJECTS) -> list[str]:
+    """Short visual scene descriptions, COCO-like, from the embedded corpus's own word lists.
+
+    Only the concrete vocabulary appears (people, animals, objects, places, colours, sizes, numbers,
+    visible actions), so the abstract words of the generated documents and tasks (policy, theory,
+    council, ...) end up not grounded, as abstract words are in MSCOCO. The scenes involve `objects`.
+    Deterministic in `seed`. The grounding analysis's captions (`xdbert.analysis.grounding`) and the
+    mechanism study's scenes (`world.captions`) both come from here.
+    """
+    rng = random.Random(seed)
+    visible = [v for v in VERBS if v.base in {"carry", "hold", "paint", "throw", "push", "pull", "wash", "watch",
+                                               "catch", "kick", "clean", "lift", "drop", "draw"}]
+    things = objects + ANIMALS
+
+    def noun(n_: Noun | Person, plural: bool) -> str:
+        return n_.plural if plural else n_.sing
+
+    def some(word: str, plural: bool) -> str:
+        return f"{rng.choice(NUMBERS)} {word}" if plural else f"{a(word)} {word}"
+
+    def described(obj: Noun, plural: bool) -> str:
+        adj = rng.choice(COLOURS + SIZES)
+        return some(f"{adj} {noun(obj, plural)}", plural)
+
+    def place() -> str:
+        p = rng.choice(PLACES)
+        return f"{p.prep} the {p.name}"
+
+    out = []
+    for _ in range(n):
+        kind = rng.randrange(4)
+        plural = rng.random() < 0.3
+        if kind == 0:  # a man holding a red kite in the park
+            person = rng.choice(PERSONS)
+            obj = rng.choice(objects)
+            verbs = [v for v in visible if v in verbs_for(obj)] or visible
+            subject = some(noun(person, plural), plural)
+            text = f"{subject} {rng.choice(verbs).ing} {described(obj, rng.random() < 0.3)} {place()}"
+        elif kind == 1:  # two brown dogs running on the beach
+            animal = rng.choice(ANIMALS)
+            text = f"{described(animal, plural)} {rng.choice(INTRANSITIVE).ing} {place()}"
+        elif kind == 2:  # a small wooden boat on the lake
+            text = f"{described(rng.choice(things), plural)} {place()}"
+        else:  # a woman sitting next to a blue umbrella
+            person = rng.choice(PERSONS)
+            subject = some(noun(person, plural), plural)
+            text = f"{subject} {rng.choice(INTRANSITIVE).ing} next to {described(rng.choice(things), False)}"
+        out.append(text + ("." if rng.random() < 0.5 else ""))
     return out
