@@ -261,6 +261,8 @@ def test_vis_counts_and_balanced_labels(vis):
     assert len(rows["train"]) == 800 and len(rows["dev"]) == len(side) == 400
     assert Counter(s["kind"] for s in side) == {"F+": 256, "F0": 64, "T=": 40, "T!=": 40}
     assert Counter(r[3] for r in rows["train"]) == {i: 200 for i in range(4)}
+    wrong = Counter((facts.real[s["object"]], PATTERNS[r[3]]) for r, s in zip(rows["dev"], side) if s["kind"] == "T!=")
+    assert len(wrong) == 12 and set(wrong.values()) == {3, 4}  # every other attribute is stated, evenly
     for kind, n in (("F+", 64), ("F0", 16), ("T=", 10), ("T!=", 10)):
         assert Counter(r[3] for r, s in zip(rows["dev"], side) if s["kind"] == kind) == {i: n for i in range(4)}
     assert all(r[1] is None and r[2] is None for split in rows.values() for r in split)

@@ -213,7 +213,8 @@ def _examples(objects: list[Noun], n_unstated: int, n_stated: int, facts: Facts,
     for j in range(n_stated):
         o = order[j % len(order)]
         fact = attributes.index(facts.real[o.sing])
-        # T!=: one shift per round of the order (one object of each attribute), so the stated attributes stay even
+        # T!=: the shift to another attribute cycles round by round of the order (one object of each attribute),
+        # so every (fact, stated) pair occurs, and the stated attributes stay as even as the facts
         stated = fact if j < n_equal else (fact + 1 + ((j - n_equal) // k) % (k - 1)) % k
         out.append((_sentence(o, attributes[stated], rng), stated, "T=" if stated == fact else "T!=", o.sing))
     return out
