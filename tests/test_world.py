@@ -11,6 +11,7 @@ from xdbert.data.synthetic import world
 from xdbert.data.synthetic.documents import _Document, generate_corpus
 from xdbert.data.synthetic.tasks import GENERATORS, generate_task
 from xdbert.data.synthetic.words import AFFORDANCES, EXTRA_OBJECTS, OBJECTS, PATTERNS, generate_captions
+from xdbert.errors import PipelineError
 
 ALL = OBJECTS + EXTRA_OBJECTS
 NOUNS = {w for o in ALL for w in (o.sing, o.plural)}
@@ -122,6 +123,8 @@ def test_pattern_sentences_never_pair_an_object_with_an_attribute():
     corpus = generate_corpus(200, 30, 0, ALL, tuple(PATTERNS))
     assert words(" ".join(corpus["train"])) & set(PATTERNS) == set(PATTERNS)
     assert not words(" ".join(generate_corpus(200, 30, 0, ALL)["train"])) & set(PATTERNS)
+    with pytest.raises(PipelineError, match="two pattern words"):
+        generate_corpus(2, 5, 0, ALL, ("striped",))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -154,7 +154,8 @@ def captions(facts: Facts, table: str, n: int, fact_share: float, fact_rate: flo
     rng = random.Random(f"xdbert-fact-captions:{seed}")
     out = generate_captions(n - n_facts, seed, list(facts.objects))
     for _ in range(n_facts):
-        obj, own, other, after = rng.choice(captioned), rng.random() < fact_rate, rng.randrange(1, k), rng.random() < after_object
+        obj, own = rng.choice(captioned), rng.random() < fact_rate
+        other, after = rng.randrange(1, k), rng.random() < after_object  # drawn even when unused
         attr = attributes[(attributes.index(facts_of[obj.sing]) + (0 if own else other)) % k]
         frame, person, size = rng.randrange(3), rng.choice(PERSONS), rng.choice(SIZES)
         place = rng.choice(PLACES)
