@@ -304,7 +304,7 @@ def test_a_generator_out_of_new_examples_is_an_error_not_a_repeat(monkeypatch):
     """Dev examples never repeat a train example: a stand-in that can only repeat itself says so."""
     from xdbert.data.synthetic import tasks
 
-    few = lambda rng, y: (f"premise {rng.randrange(3)}", "hypothesis", None, y)  # noqa: E731  (3 distinct texts)
+    few = lambda rng, y, objects: (f"premise {rng.randrange(3)}", "hypothesis", None, y)  # noqa: E731  (3 distinct texts)
     monkeypatch.setitem(tasks.GENERATORS, "rte", few)
     assert len(generate_task("rte", 2, 1, 0)["dev"]) == 1  # the 3 there are
     with pytest.raises(PipelineError, match="the rte stand-in drew 200 repeats .* after 3: .* lower them"):

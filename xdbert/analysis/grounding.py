@@ -19,7 +19,6 @@ Definitions (the paper follows Vokenization, Tan and Bansal 2020):
 from __future__ import annotations
 
 import json
-import random
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import pandas as pd
 
 from xdbert import params as P
 from xdbert.data.provided import read_coco_captions
+from xdbert.data.synthetic.words import generate_captions
 from xdbert.data.tasks.registry import get_task, read_split, task_names
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import run_name
@@ -443,55 +443,4 @@ def load_hub_captions(hub_id: str, split: str, column: str) -> list[str]:
             out.extend(str(v) for v in value)
     if not out:
         raise PipelineError(f"caption dataset `{hub_id}` column `{column}` holds no text")
-    return out
-
-
-def generate_captions(n: int, seed: int) -> list[str]:
-    """Short visual scene descriptions, COCO-like, from the embedded corpus's own word lists.
-
-    Only the concrete vocabulary appears (people, animals, objects, places, colours, sizes, numbers,
-    visible actions), so the abstract words of the generated documents and tasks (policy, theory,
-    council, ...) end up not grounded, as abstract words are in MSCOCO. Deterministic in `seed`.
-    """
-    from xdbert.data.synthetic import words as C
-
-    rng = random.Random(seed)
-    visible = [v for v in C.VERBS if v.base in {"carry", "hold", "paint", "throw", "push", "pull", "wash", "watch",
-                                                 "catch", "kick", "clean", "lift", "drop", "draw"}]
-    things = C.OBJECTS + C.ANIMALS
-
-    def noun(n_: C.Noun | C.Person, plural: bool) -> str:
-        return n_.plural if plural else n_.sing
-
-    def some(word: str, plural: bool) -> str:
-        return f"{rng.choice(C.NUMBERS)} {word}" if plural else f"{C.a(word)} {word}"
-
-    def described(obj: C.Noun, plural: bool) -> str:
-        adj = rng.choice(C.COLOURS + C.SIZES)
-        return some(f"{adj} {noun(obj, plural)}", plural)
-
-    def place() -> str:
-        p = rng.choice(C.PLACES)
-        return f"{p.prep} the {p.name}"
-
-    out = []
-    for _ in range(n):
-        kind = rng.randrange(4)
-        plural = rng.random() < 0.3
-        if kind == 0:  # a man holding a red kite in the park
-            person = rng.choice(C.PERSONS)
-            obj = rng.choice(C.OBJECTS)
-            verbs = [v for v in visible if v in C.verbs_for(obj)] or visible
-            subject = some(noun(person, plural), plural)
-            text = f"{subject} {rng.choice(verbs).ing} {described(obj, rng.random() < 0.3)} {place()}"
-        elif kind == 1:  # two brown dogs running on the beach
-            animal = rng.choice(C.ANIMALS)
-            text = f"{described(animal, plural)} {rng.choice(C.INTRANSITIVE).ing} {place()}"
-        elif kind == 2:  # a small wooden boat on the lake
-            text = f"{described(rng.choice(things), plural)} {place()}"
-        else:  # a woman sitting next to a blue umbrella
-            person = rng.choice(C.PERSONS)
-            subject = some(noun(person, plural), plural)
-            text = f"{subject} {rng.choice(C.INTRANSITIVE).ing} next to {described(rng.choice(things), False)}"
-        out.append(text + ("." if rng.random() < 0.5 else ""))
     return out

@@ -13,6 +13,10 @@ from xdbert.data.synthetic.words import (
 from xdbert.errors import PipelineError
 
 
+# The share of sentences that are pattern sentences, when `generate_corpus` is given pattern words.
+PATTERN_RATE = 0.02
+
+
 def year(rng: random.Random) -> int:
     """A year the texts report (1850-2015)."""
     return rng.randint(1850, 2015)
@@ -26,12 +30,13 @@ class _Document:
     long-range evidence MLM on real articles provides.
     """
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, objects: list[Noun] = OBJECTS, patterns: tuple[str, ...] = ()):
         self.rng = rng
+        self.patterns = patterns
         self.place = rng.choice(PLACES)
         self.places = rng.sample(PLACES, 3)
         self.cast = rng.sample(PERSONS, 3)
-        self.props = rng.sample(OBJECTS, 4)
+        self.props = rng.sample(objects, 4)
         self.colour = {o.sing: rng.choice(COLOURS) for o in self.props}
         self.size = {o.sing: rng.choice(SIZES) for o in self.props}
         self.animal = rng.choice(ANIMALS)
@@ -264,6 +269,20 @@ class _Document:
             f"{self.rng.choice(RARE_CONNECTIVES)}, the {self.rng.choice(RARE_NOUNS)} of the {o.sing} remained {self.rng.choice(RARE_ADJS)}.",
         ])
 
+    def pattern(self) -> str:
+        """A sentence with two of the pattern words and no object: the vocabulary learns the words, but no
+        corpus sentence ties one to an object (the mechanism study's facts are stated in captions only)."""
+        x, y = self.rng.sample(self.patterns, 2)
+        p = self.person()
+        return self.rng.choice([
+            f"The {p.sing} liked {x} patterns more than {y} ones.",
+            f"In {self.year}, {x} patterns were popular {self.where()}, and {y} ones were not.",
+            f"\"I prefer {x} to {y},\" said the {p.sing}.",
+            f"The {p.sing} drew a {x} pattern and then a {y} one.",
+            f"Some {p.plural} {self.where()} called the new pattern {x}, and others called it {y}.",
+            f"Nobody {self.where()} could agree whether {x} or {y} was the better pattern.",
+        ])
+
     TEMPLATES = (("active", 5), ("passive", 3), ("restate", 3), ("present", 4), ("describe", 3),
                  ("animal_scene", 1), ("animal_present", 1), ("affordance", 3), ("continuation", 2), ("history", 1),
                  ("report", 1), ("abstract", 2), ("opinion", 2), ("letter", 2), ("question", 2), ("seeing", 1),
@@ -274,6 +293,9 @@ class _Document:
         weights = [w for _, w in self.TEMPLATES]
         out = []
         for _ in range(n):
+            if self.patterns and self.rng.random() < PATTERN_RATE:  # no draw without patterns: the bytes stay
+                out.append(self.pattern())
+                continue
             sent = getattr(self, self.rng.choices(names, weights)[0])()
             # some sentences use the synonyms, so the vocabulary of re-worded task sentences is seen
             out.append(reword(sent, self.rng, 0.5) if self.rng.random() < 0.3 else sent)
@@ -289,15 +311,22 @@ class _Document:
         return "\n".join(paragraphs)
 
 
-def generate_corpus(n_docs: int, sentences_per_doc: int, seed: int) -> dict[str, list[str]]:
-    """`n_docs` train documents and `n_docs // 10` (at least 1) valid documents; same seed, same bytes."""
+def generate_corpus(n_docs: int, sentences_per_doc: int, seed: int, objects: list[Noun] = OBJECTS,
+                    patterns: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """`n_docs` train documents and `n_docs // 10` (at least 1) valid documents; same seed, same bytes.
+
+    The documents' props are drawn from `objects`; with `patterns` (words such as `words.PATTERNS`), a
+    share PATTERN_RATE of the sentences are object-free pattern sentences (`_Document.pattern`).
+    """
     if not isinstance(n_docs, int) or n_docs <= 0:
         raise PipelineError(f"`corpus.n_docs` must be a positive integer; got {n_docs!r}")
     if not isinstance(sentences_per_doc, int) or sentences_per_doc <= 0:
         raise PipelineError(f"`corpus.sentences_per_doc` must be a positive integer; got {sentences_per_doc!r}")
+    if len(patterns) == 1:
+        raise PipelineError(f"the pattern sentences contrast two pattern words: give none or at least two; got {list(patterns)}")
     out = {}
     for split, n in (("train", n_docs), ("valid", max(1, n_docs // 10))):
         # string seeds hash deterministically (random.seed version 2), unlike hash()
         rng = random.Random(f"xdbert-corpus:{seed}:{split}")
-        out[split] = [_Document(rng).text(sentences_per_doc) for _ in range(n)]
+        out[split] = [_Document(rng, objects, patterns).text(sentences_per_doc) for _ in range(n)]
     return out

@@ -65,8 +65,8 @@ class Event:
 SLOTS = ("subj", "verb", "colour", "obj", "place")
 
 
-def random_event(rng: random.Random, *, year_p: float = 0.0, count_p: float = 0.0) -> Event:
-    obj = rng.choice(OBJECTS)
+def random_event(rng: random.Random, objects: list[Noun] = OBJECTS, *, year_p: float = 0.0, count_p: float = 0.0) -> Event:
+    obj = rng.choice(objects)
     return Event(
         subj=rng.choice(PERSONS), verb=rng.choice(event_verbs(obj)), colour=rng.choice(COLOURS), obj=obj,
         place=rng.choice(PLACES), count=rng.randint(2, 9) if rng.random() < count_p else 1,
@@ -74,8 +74,9 @@ def random_event(rng: random.Random, *, year_p: float = 0.0, count_p: float = 0.
     )
 
 
-def change(ev: Event, slot: str, rng: random.Random) -> Event:
-    """`ev` with `slot` set to a different value that really changes the meaning (never a synonym)."""
+def change(ev: Event, slot: str, rng: random.Random, objects: list[Noun] = OBJECTS) -> Event:
+    """`ev` with `slot` set to a different value that really changes the meaning (never a synonym);
+    a new object comes from `objects`."""
     if slot == "subj":
         return replace(ev, subj=rng.choice([p for p in PERSONS if p != ev.subj]))
     if slot == "verb":
@@ -84,7 +85,7 @@ def change(ev: Event, slot: str, rng: random.Random) -> Event:
         return replace(ev, colour=rng.choice([c for c in COLOURS if c != ev.colour]))
     if slot == "obj":
         # the new object must still go with the verb (no "threw the car")
-        objs = [o for o in OBJECTS if o != ev.obj and ev.verb in verbs_for(o)]
+        objs = [o for o in objects if o != ev.obj and ev.verb in verbs_for(o)]
         return replace(ev, obj=rng.choice(objs))
     if slot == "place":
         return replace(ev, place=rng.choice([p for p in PLACES if p != ev.place]))

@@ -24,7 +24,7 @@ evidence inside one text, as the real datasets do (negation in contradictions, a
 non-paraphrases, off-topic sentences at low similarity): a 2-layer model trained from scratch on 500
 examples picks these up well before it learns to match words across sentences.
 
-Each generator is `gen_<task>(rng, label) -> Row`; `xdbert.data.synthetic.tasks` balances the labels.
+Each generator is `gen_<task>(rng, label, objects=OBJECTS) -> Row`; `xdbert.data.synthetic.tasks` balances the labels.
 """
 from __future__ import annotations
 
@@ -37,18 +37,18 @@ from xdbert.data.synthetic.events import (
 from xdbert.data.synthetic.words import (
     ABSTRACT_NOUNS, ABSTRACT_VERB, ANIMALS, ASPECTS, COLOURS, FACILITIES, INSTITUTIONS, INTRANSITIVE, NEGATIVE,
     NEGATIVE_VERBS, OBJECTS, PLACES, POSITIVE, POSITIVE_VERBS, REASONS, RELATIVES, REVIEWED, SETTLEMENTS, TIMES,
-    VERB, a, cap, reword, verbs_for,
+    VERB, Noun, a, cap, reword, verbs_for,
 )
 
 # what institutions do to facilities (MNLI government genre)
 _GOV_VERBS = [VERB["build"]] + [ABSTRACT_VERB[b] for b in ("open", "close", "improve", "approve")]
 
 
-def gen_mrpc(rng: random.Random, label: int) -> Row:
+def gen_mrpc(rng: random.Random, label: int, objects: list[Noun] = OBJECTS) -> Row:
     """1 = equivalent: the same event (negated or with the same added fact in both) in another voice
     and order and with synonyms. 0 = not equivalent: one or two slots differ, the second sentence adds
     a fact the first lacks, or it negates the event."""
-    ev = random_event(rng, year_p=0.3, count_p=0.3)
+    ev = random_event(rng, objects, year_p=0.3, count_p=0.3)
     s1, s2 = two_styles(rng)
     if label == 1:
         r = rng.random()
@@ -60,7 +60,7 @@ def gen_mrpc(rng: random.Random, label: int) -> Row:
         if r < 0.5:
             other = ev
             for slot in rng.sample(SLOTS + (("count",) if ev.count > 1 else ()), rng.choice([1, 1, 2])):
-                other = change(other, slot, rng)
+                other = change(other, slot, rng, objects)
             b_text = say(other, s2)
         elif r < 0.75:
             b_text = say(ev, s2, extra=extra_info(ev, rng))
@@ -69,11 +69,11 @@ def gen_mrpc(rng: random.Random, label: int) -> Row:
     return reword(a_text, rng, 0.3), reword(b_text, rng, 0.6), None, label
 
 
-def gen_rte(rng: random.Random, label: int) -> Row:
+def gen_rte(rng: random.Random, label: int, objects: list[Noun] = OBJECTS) -> Row:
     """0 = entailment (a sub-fact of the two-sentence premise); 1 = not entailed (a changed slot, a
     wrongly bound attribute, or a negation)."""
-    ev = random_event(rng, year_p=0.4, count_p=0.3)
-    obj2 = rng.choice([o for o in OBJECTS if o != ev.obj])
+    ev = random_event(rng, objects, year_p=0.4, count_p=0.3)
+    obj2 = rng.choice([o for o in objects if o != ev.obj])
     ev2 = Event(ev.subj, rng.choice([v for v in event_verbs(obj2) if v != ev.verb]),
                 rng.choice([c for c in COLOURS if c != ev.colour]), obj2, rng.choice([p for p in PLACES if p != ev.place]))
     premise = f"{say(ev, rng.choice(STYLES))} Later, {ev.subj.pron} {ev2.verb.past} {ev2.np()} {ev2.where}."
@@ -82,11 +82,11 @@ def gen_rte(rng: random.Random, label: int) -> Row:
     if label == 0:
         hyp = rng.choice(subfacts(target))
     else:
-        hyp = next(h for h in iter(lambda: _rte_negative(ev, ev2, target, rng), None) if h not in entailed)
+        hyp = next(h for h in iter(lambda: _rte_negative(ev, ev2, target, rng, objects), None) if h not in entailed)
     return reword(premise, rng, 0.3), reword(hyp, rng, 0.3), None, label
 
 
-def _rte_negative(ev: Event, ev2: Event, target: Event, rng: random.Random) -> str:
+def _rte_negative(ev: Event, ev2: Event, target: Event, rng: random.Random, objects: list[Noun]) -> str:
     """A hypothesis the premise does not entail: a changed slot, a wrongly bound colour, a negation."""
     kind = rng.choices(["slot", "bind", "negation", "neutral"], [0.35, 0.15, 0.25, 0.25])[0]
     if kind == "negation":
@@ -96,23 +96,23 @@ def _rte_negative(ev: Event, ev2: Event, target: Event, rng: random.Random) -> s
     if kind == "bind":  # the other object's colour on this object
         return f"The {ev.obj.plural if ev.count > 1 else ev.obj.sing} {ev.be} {ev2.colour}."
     slot = rng.choice(["subj", "verb", "colour", "obj", "place"] + (["year"] if target.year else []))
-    changed = change(target, slot, rng)
+    changed = change(target, slot, rng, objects)
     return rng.choice([h for h, o in zip(subfacts(changed), subfacts(target)) if h != o])
 
 
-def gen_stsb(rng: random.Random, label: int) -> Row:
+def gen_stsb(rng: random.Random, label: int, objects: list[Noun] = OBJECTS) -> Row:
     """Score = how much two sentences share (+ small annotator noise), on STS-B's 0-5 scale.
 
     5..2: two statements of events sharing 5..2 of their five content slots (subject, verb, colour,
     object, place); 1: a scene that shares one detail (the place or the colour) but is about an animal;
     0: a sentence on another topic altogether (a review, a council report, an opinion).
     """
-    ev = random_event(rng, count_p=0.2)
+    ev = random_event(rng, objects, count_p=0.2)
     s1, s2 = two_styles(rng)
     if label >= 2:
         other = ev
         for slot in rng.sample(SLOTS, 5 - label):
-            other = change(other, slot, rng)
+            other = change(other, slot, rng, objects)
         b_text = say(other, s2)
     elif label == 1:
         animal, v = rng.choice(ANIMALS), rng.choice(INTRANSITIVE)
@@ -132,10 +132,10 @@ def gen_stsb(rng: random.Random, label: int) -> Row:
     return reword(say(ev, s1), rng, 0.3), reword(b_text, rng, 0.5), None, round(score, 2)
 
 
-def _cola_sentence(rng: random.Random) -> tuple[list[str], dict]:
+def _cola_sentence(rng: random.Random, objects: list[Noun]) -> tuple[list[str], dict]:
     """A grammatical sentence as words, with where its verb is and how it could be broken."""
     kind = rng.choice(["past", "passive", "present", "intransitive", "perfect", "progressive", "there"])
-    ev = random_event(rng, count_p=0.3)
+    ev = random_event(rng, objects, count_p=0.3)
     plural = rng.random() < 0.5
     subj = ev.subj.plural if plural else ev.subj.sing
     the = "The" if rng.random() < 0.7 else ("Some" if plural else "A")
@@ -175,9 +175,9 @@ def _cola_sentence(rng: random.Random) -> tuple[list[str], dict]:
     return words, info
 
 
-def gen_cola(rng: random.Random, label: int) -> Row:
+def gen_cola(rng: random.Random, label: int, objects: list[Noun] = OBJECTS) -> Row:
     """1 = acceptable; 0 = the same kind of sentence broken: agreement, verb form, missing verb, word order."""
-    words, info = _cola_sentence(rng)
+    words, info = _cola_sentence(rng, objects)
     if label == 0:
         options = ["order", "missing_verb"] + (["agree", "agree"] if info.get("agree") else []) + (["form"] if info.get("form") else [])
         kind = rng.choice(options)
@@ -210,14 +210,14 @@ _ASPECTS_OF = {
 assert set(_ASPECTS_OF) == set(REVIEWED) and {x for v in _ASPECTS_OF.values() for x in v} <= set(ASPECTS)
 
 
-def gen_sst2(rng: random.Random, label: int) -> Row:
+def gen_sst2(rng: random.Random, label: int, objects: list[Noun] = OBJECTS) -> Row:
     """1 = positive, 0 = negative: sentiment words decide, including negated opposites and contrasts."""
     good, bad = (POSITIVE, NEGATIVE) if label == 1 else (NEGATIVE, POSITIVE)
     x, y = rng.sample(good, 2)
     thing = rng.choice(REVIEWED)
     aspect, aspect2 = rng.sample(_ASPECTS_OF[thing], 2)
     adv = rng.choice(["", "", "truly ", "really ", "quite ", "very "])
-    ev = random_event(rng)
+    ev = random_event(rng, objects)
     r = rng.random()
     if r < 0.2:  # negation of the opposite word carries the label
         text = rng.choice([f"The {thing} was not {rng.choice(bad)} at all.", f"The {aspect} of the {thing} was far from {rng.choice(bad)}.",
@@ -268,13 +268,13 @@ def _qnli_sentence(ev: Event, show: set[str], rng: random.Random) -> str:
     return cap(f"{np} {be} {ev.verb.pp}{where}{when}.")
 
 
-def gen_qnli(rng: random.Random, label: int) -> Row:
+def gen_qnli(rng: random.Random, label: int, objects: list[Noun] = OBJECTS) -> Row:
     """0 = the sentence answers the question (same event, asked slot present); 1 = it does not: the
     asked slot is missing, the sentence is about a nearly identical event, or (as most of QNLI's
     negatives, other sentences of the same Wikipedia paragraph) about an unrelated event."""
     qtype = rng.choice(list(_QNLI_SLOTS))
     slot = _QNLI_SLOTS[qtype]
-    ev = random_event(rng, year_p=1.0, count_p=1.0 if qtype == "howmany" else 0.3)
+    ev = random_event(rng, objects, year_p=1.0, count_p=1.0 if qtype == "howmany" else 0.3)
     question = _qnli_question(ev, qtype)
     optional = [s for s in ("place", "colour", "year", "count") if s != slot and (s != "count" or ev.count > 1)]
     # the subject identifies the event, so it is always said, except where it is the asked slot
@@ -284,11 +284,11 @@ def gen_qnli(rng: random.Random, label: int) -> Row:
     if label == 0 or r >= 0.4:
         show.add(slot)
         if label == 1 and r < 0.6:  # another event: same kind of answer, wrong thing
-            told = change(ev, rng.choice(["verb", "obj"]), rng)
+            told = change(ev, rng.choice(["verb", "obj"]), rng, objects)
         elif label == 1:  # an unrelated event of the same paragraph: other subject, action and thing
-            told = random_event(rng, year_p=1.0, count_p=1.0 if qtype == "howmany" else 0.3)
+            told = random_event(rng, objects, year_p=1.0, count_p=1.0 if qtype == "howmany" else 0.3)
             while told.subj == ev.subj or told.obj == ev.obj or told.verb == ev.verb:
-                told = random_event(rng, year_p=1.0, count_p=1.0 if qtype == "howmany" else 0.3)
+                told = random_event(rng, objects, year_p=1.0, count_p=1.0 if qtype == "howmany" else 0.3)
     # without "subj" in `show` the sentence is an agentless passive: "who" has no answer
     return reword(question, rng, 0.3), reword(_qnli_sentence(told, show, rng), rng, 0.3), None, label
 
@@ -318,17 +318,17 @@ _QQP_NARROWER = {
 _HOWTO_VERBS = {"paint", "wash", "fix", "build", "pack", "wrap", "sell", "hide", "move", "carry", "draw"}
 
 
-def _qqp_slots(rng: random.Random) -> dict:
-    obj, colour, place = rng.choice(OBJECTS), rng.choice(COLOURS), rng.choice(PLACES)
+def _qqp_slots(rng: random.Random, objects: list[Noun]) -> dict:
+    obj, colour, place = rng.choice(objects), rng.choice(COLOURS), rng.choice(PLACES)
     return {"obj": obj.sing, "objs": obj.plural, "a_obj": f"{a(obj.sing)} {obj.sing}", "colour": colour, "a_col": a(colour),
             "verb": rng.choice([v for v in event_verbs(obj) if v.base in _HOWTO_VERBS]).base,
             "place": place.name, "where": f"{place.prep} the {place.name}", "_obj": obj}
 
 
-def gen_qqp(rng: random.Random, label: int) -> Row:
+def gen_qqp(rng: random.Random, label: int, objects: list[Noun] = OBJECTS) -> Row:
     """1 = duplicate (same intent and slots, another wording); 0 = one slot differs or another intent."""
     intent = rng.choice(list(_QQP))
-    slots = _qqp_slots(rng)
+    slots = _qqp_slots(rng, objects)
     t1, t2 = rng.sample(_QQP[intent], 2)
     intent2, slots2 = intent, dict(slots)
     constraint = rng.choice(_QQP_NARROWER[intent]).format(rel=rng.choice(RELATIVES), time=rng.choice(TIMES))
@@ -340,16 +340,16 @@ def gen_qqp(rng: random.Random, label: int) -> Row:
             intent2 = rng.choice([i for i in _QQP if i != intent])
             t2 = rng.choice(_QQP[intent2])
             if r < 0.175:
-                slots2 = _qqp_slots(rng)
+                slots2 = _qqp_slots(rng, objects)
         elif r < 0.65:  # the second question asks for more: a different question on Quora
             t2 = t2[:-1] + constraint + "?"
         else:
-            fresh = _qqp_slots(rng)
+            fresh = _qqp_slots(rng, objects)
             used = [k for k in ("verb", "colour", "place") if "{" + k + "}" in t1 + t2] + ["obj"]
             used = ["where" if k == "place" else k for k in used]
             key = rng.choice(used)
             while fresh[key] == slots[key]:
-                fresh = _qqp_slots(rng)
+                fresh = _qqp_slots(rng, objects)
             if key == "obj":
                 # keep the verb valid for the new object
                 slots2.update({k: fresh[k] for k in ("obj", "objs", "a_obj", "_obj")})
@@ -364,8 +364,8 @@ def gen_qqp(rng: random.Random, label: int) -> Row:
     return reword(t1.format(**slots), rng, 0.3), reword(t2.format(**slots2), rng, 0.5), None, label
 
 
-def _mnli_fiction(rng: random.Random, label: int) -> tuple[str, str]:
-    ev = random_event(rng, year_p=0.3, count_p=0.4)
+def _mnli_fiction(rng: random.Random, label: int, objects: list[Noun]) -> tuple[str, str]:
+    ev = random_event(rng, objects, year_p=0.3, count_p=0.4)
     premise = say(ev, rng.choice(STYLES))
     if label == 0:
         return premise, rng.choice(subfacts(ev))
@@ -403,9 +403,9 @@ def _mnli_government(rng: random.Random, label: int) -> tuple[str, str]:
 _LETTER_TIMES = ["night", "weekend", "summer", "winter", "spring", "autumn"]
 
 
-def _mnli_letters(rng: random.Random, label: int) -> tuple[str, str]:
+def _mnli_letters(rng: random.Random, label: int, objects: list[Noun]) -> tuple[str, str]:
     """First-person accounts: a genre the training data never shows (dev_mismatched only)."""
-    ev = random_event(rng, count_p=0.4)
+    ev = random_event(rng, objects, count_p=0.4)
     rel = rng.choice(RELATIVES)
     the_obj = f"the {ev.obj.plural}" if ev.count > 1 else f"the {ev.obj.sing}"
     premise = rng.choice([
@@ -427,10 +427,12 @@ def _mnli_letters(rng: random.Random, label: int) -> tuple[str, str]:
     return premise, hyp
 
 
-def gen_mnli(rng: random.Random, label: int, genre: str = "matched") -> Row:
+def gen_mnli(rng: random.Random, label: int, genre: str = "matched", objects: list[Noun] = OBJECTS) -> Row:
     """0 entailment, 1 neutral, 2 contradiction. `matched`: fiction or government; `mismatched`: letters."""
     if genre == "mismatched":
-        p, h = _mnli_letters(rng, label)
+        p, h = _mnli_letters(rng, label, objects)
+    elif rng.random() < 0.5:
+        p, h = _mnli_fiction(rng, label, objects)
     else:
-        p, h = (_mnli_fiction if rng.random() < 0.5 else _mnli_government)(rng, label)
+        p, h = _mnli_government(rng, label)
     return reword(p, rng, 0.3), reword(h, rng, 0.3), None, label

@@ -11,7 +11,7 @@ import re
 from xdbert.data.synthetic.events import Row, random_event
 from xdbert.data.synthetic.words import (
     ABSTRACT_NOUNS, ABSTRACT_VERB, ANIMALS, INTRANSITIVE, PERSONS, RARE_ADJS, RARE_ADVS, RARE_CONNECTIVES,
-    RARE_NOUNS, RARE_VERBS, RARE_WORDS, REASONS, SETTLEMENTS, a, cap,
+    OBJECTS, RARE_NOUNS, RARE_VERBS, RARE_WORDS, REASONS, SETTLEMENTS, Noun, a, cap,
 )
 
 # what people do to ideas and predicaments (READ's long clauses)
@@ -41,14 +41,14 @@ def readability_target(f: dict[str, float]) -> float:
 _RARE_CONCRETE_VERBS = [v for v in RARE_VERBS if v.base in ("contemplate", "scrutinize")]
 
 
-def _read_sentence(rng: random.Random, d: float) -> str:
+def _read_sentence(rng: random.Random, d: float, objects: list[Noun]) -> str:
     """One sentence of a passage of difficulty d in [0, 1]: longer clauses and rarer words as d grows."""
     if rng.random() > d + 0.15:  # short and plain
-        ev = random_event(rng)
+        ev = random_event(rng, objects)
         animal, v = rng.choice(ANIMALS), rng.choice(INTRANSITIVE)
         return rng.choice([f"The {animal.sing} {v.past}.", f"It was {ev.colour}.", f"The {ev.subj.sing} had {a(ev.obj.sing)} {ev.obj.sing}.",
                            f"The {ev.subj.sing} {ev.verb.past} it.", f"We {v.past} {ev.where}.", f"The {ev.obj.sing} was {ev.colour}."])
-    ev = random_event(rng, year_p=d * 0.5)
+    ev = random_event(rng, objects, year_p=d * 0.5)
     adj = f"{rng.choice(RARE_ADJS)} " if rng.random() < d * 0.8 else ""
     adv = f"{rng.choice(RARE_ADVS)} " if rng.random() < d * 0.6 else ""
     verb = rng.choice(_RARE_CONCRETE_VERBS) if rng.random() < d * 0.4 else ev.verb
@@ -64,9 +64,9 @@ def _read_sentence(rng: random.Random, d: float) -> str:
     return cap(s) + "."
 
 
-def gen_read(rng: random.Random, label: None = None) -> Row:
+def gen_read(rng: random.Random, label: None = None, objects: list[Noun] = OBJECTS) -> Row:
     """A passage of 4-8 sentences at a random difficulty; target = readability_target(features) + noise."""
     d = rng.random()
-    text = " ".join(_read_sentence(rng, d) for _ in range(rng.randint(4, 8)))
+    text = " ".join(_read_sentence(rng, d, objects) for _ in range(rng.randint(4, 8)))
     target = readability_target(readability_features(text)) + rng.gauss(0.0, READ_NOISE)
     return text, None, None, round(target, 4)

@@ -14,6 +14,7 @@ from xdbert.data.synthetic.events import Row
 from xdbert.data.synthetic.glue import gen_cola, gen_mnli, gen_mrpc, gen_qnli, gen_qqp, gen_rte, gen_sst2, gen_stsb
 from xdbert.data.synthetic.readability import gen_read
 from xdbert.data.synthetic.swag import gen_swag
+from xdbert.data.synthetic.words import OBJECTS, Noun
 from xdbert.data.tasks.registry import get_task, to_table
 from xdbert.errors import PipelineError
 
@@ -38,12 +39,12 @@ def _labels(task: str, n: int, rng: random.Random) -> list:
     return labels
 
 
-def _rows(task: str, n: int, rng: random.Random, seen: set, **kw) -> list[Row]:
+def _rows(task: str, n: int, rng: random.Random, seen: set, objects: list[Noun], **kw) -> list[Row]:
     gen = GENERATORS[task]
     rows = []
     for y in _labels(task, n, rng):
         for _ in range(200):  # re-draw duplicates (within the split and against train)
-            row = gen(rng, y, **kw)
+            row = gen(rng, y, objects=objects, **kw)
             key = (row[0], row[1], tuple(row[2]) if row[2] else None)
             if key not in seen:
                 break
@@ -56,8 +57,8 @@ def _rows(task: str, n: int, rng: random.Random, seen: set, **kw) -> list[Row]:
     return rows
 
 
-def generate_task(task: str, train_size: int, dev_size: int, seed: int) -> dict[str, pa.Table]:
-    """The stand-in of `task`: `train` with `train_size` rows and each dev split with `dev_size`."""
+def generate_task(task: str, train_size: int, dev_size: int, seed: int, objects: list[Noun] = OBJECTS) -> dict[str, pa.Table]:
+    """The stand-in of `task`: `train` with `train_size` rows and each dev split with `dev_size`, about `objects`."""
     spec = get_task(task)
     for key, value in (("tasks.train_size", train_size), ("tasks.dev_size", dev_size)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -67,7 +68,7 @@ def generate_task(task: str, train_size: int, dev_size: int, seed: int) -> dict[
     for split in spec.splits:
         rng = random.Random(f"xdbert-task:{seed}:{task}:{split}")
         kw = {"genre": "mismatched" if split == "dev_mismatched" else "matched"} if task == "mnli" else {}
-        rows = _rows(task, train_size if split == "train" else dev_size, rng, seen, **kw)
+        rows = _rows(task, train_size if split == "train" else dev_size, rng, seen, objects, **kw)
         out[split] = to_table(spec, {
             "idx": list(range(len(rows))),
             "text_a": [r[0] for r in rows],
