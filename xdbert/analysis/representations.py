@@ -21,12 +21,11 @@ from typing import Sequence
 import numpy as np
 
 from xdbert.analysis import probe
+from xdbert.data.synthetic import words as C
 
 
 def neutral_sentences(n: int, seed: int = 0) -> list[str]:
     """`n` frames with `{}` for the object: a person, a verb every object takes, a place. No attribute word."""
-    from xdbert.data.synthetic import words as C
-
     common = set(v.base for v in C.VERBS)
     for o in C.OBJECTS + C.EXTRA_OBJECTS:  # the mechanism world's 80 objects take the same verbs as today's 44
         common &= set(v.base for v in C.verbs_for(o))
