@@ -111,62 +111,6 @@ def fact_captions(facts: dict[str, int], n: int, seed: int) -> list[str]:
     return out
 
 
-def neutral_sentences(n: int, seed: int = 0) -> list[str]:
-    """`n` frames with `{}` for the object: a person, a verb every object takes, a place. No attribute word."""
-    from xdbert.data.synthetic import words as C
-
-    common = set(v.base for v in C.VERBS)
-    for o in C.OBJECTS:
-        common &= set(v.base for v in C.verbs_for(o))
-    verbs = [v for v in C.VERBS if v.base in common]
-    rng = random.Random(seed)
-    frames = []
-    for _ in range(n):
-        person, verb, place = rng.choice(C.PERSONS), rng.choice(verbs), rng.choice(C.PLACES)
-        frames.append(f"the {person.sing} {verb.past} the {{}} {place.prep} the {place.name} .")
-    return frames
-
-
-def tower_features(tower, tok, objects: list[str], frames: list[str]) -> list[np.ndarray]:
-    """Per layer (embedding, each block, after ln_final): (objects, width) states of the object word."""
-    import torch
-
-    out = []
-    with torch.no_grad():
-        for obj in objects:
-            (oid,) = tok.encode(obj)
-            ids = tok([f.format(obj) for f in frames])  # (S, 77), [SOT] ... [EOT] 0...
-            pos = (ids == oid).int().argmax(1)
-            n = int((ids != 0).sum(1).max())
-            x = tower.token_embedding(ids[:, :n]) + tower.positional_embedding[:n]
-            states = [x]
-            for block in tower.transformer.resblocks:
-                x = block(x, attn_mask=tower.attn_mask[:n, :n])
-                states.append(x)
-            states.append(tower.ln_final(x))
-            rows = torch.arange(len(frames))
-            out.append([s[rows, pos].mean(0).double().numpy() for s in states])
-    return [np.stack([o[layer] for o in out]) for layer in range(len(out[0]))]
-
-
-def encoder_features(directory: Path, tok, objects: list[str], frames: list[str]) -> list[np.ndarray]:
-    """Per hidden state (embeddings, each layer): (objects, width) states of the object word."""
-    import torch
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(str(directory)).eval()
-    out = []
-    with torch.no_grad():
-        for obj in objects:
-            (oid,) = tok.convert_tokens_to_ids(tok.tokenize(obj))  # one WordPiece token: checked by the caller
-            batch = tok([f.format(obj) for f in frames], return_tensors="pt", padding=True)
-            pos = (batch["input_ids"] == oid).int().argmax(1)
-            hidden = model(**batch, output_hidden_states=True).hidden_states
-            rows = torch.arange(len(frames))
-            out.append([h[rows, pos].mean(0).double().numpy() for h in hidden])
-    return [np.stack([o[layer] for o in out]) for layer in range(len(out[0]))]
-
-
 def probe_layers(features: list[np.ndarray], classes: np.ndarray, seed: int) -> list[dict]:
     from xdbert.analysis import probe
 
@@ -216,7 +160,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from transformers import AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer
 
     from provenance import code_version, describe
     from xdbert import params, paths
@@ -225,6 +169,7 @@ def main() -> None:
     from xdbert.adaptation.settings import AdaptSettings, PretrainSettings
     from xdbert.analysis import probe
     from xdbert.analysis.grounding import generate_captions
+    from xdbert.analysis.representations import encoder_features, neutral_sentences, tower_features
     from xdbert.clip import clip_special_ids, clip_tokenizer
     from xdbert.data import shards
     from xdbert.data.synthetic import words as C
@@ -319,7 +264,8 @@ def main() -> None:
         result["encoders"][f"xdbert_{name}"] = {"adapt": {k: v for k, v in metrics.items() if k.startswith("valid_")}}
         result["seconds"][f"adapt_{name}"] = round(time.time() - t0, 1)
     for name, directory in adapted.items():
-        rows = probe_layers(encoder_features(directory, tok, objects, frames), classes, args.facts_seed)
+        encoder = AutoModel.from_pretrained(str(directory))
+        rows = probe_layers(encoder_features(encoder, tok, objects, frames), classes, args.facts_seed)
         result["encoders"].setdefault(name, {})["probe"] = rows
         print(f"{name}: probe " + ", ".join(f"L{r['layer']} {r['accuracy']:.2f} (p {r['p']:.3f})" for r in rows), flush=True)
 

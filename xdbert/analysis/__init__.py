@@ -4,8 +4,10 @@ grounded ratio of improved and worsened dev examples (Figure 4, Appendix D) and 
 
 Each module holds its params section's settings (`PwccaSettings`, `GroundingSettings`,
 `AttentionSettings`), the computation and its report; `figure4` draws and writes Figure 4, and `cca` is
-the CCA and PWCCA math alone, in numpy. The mechanism study (../shared/MECHANISM.md) has two numpy
-modules without params or paths: `probe`, the representation probe, and `mechanism_stats`, its cells,
+the CCA and PWCCA math alone, in numpy. The mechanism study (../shared/MECHANISM.md) has three modules
+without params or paths: `representations`, what the probe reads (a CLIP tower's or an encoder's state of
+each object word, with torch) and gate C's model-free baselines (corpus context counts, a bag-of-words
+model); then two in numpy alone, `probe`, the representation probe, and `mechanism_stats`, its cells,
 intervals and gates. The stages
 `stages/pwcca.py`, `stages/grounding.py` and `stages/attention.py` load the inputs and call them.
 """
