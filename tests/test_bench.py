@@ -51,22 +51,31 @@ def test_the_gpu_benchmarks_import_and_write_the_cost_table_without_ray_dvc_or_d
         assert hours[kind] * 3600 * rate * result["peak_tflops"] * 1e12 == pytest.approx(6 * sizes[kind] * tokens[kind])
 
 
-def finetune_share(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """bench/finetune_share.py at a tiny size, one epoch of 64 examples, with `args`; its process and JSON."""
-    argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--train", "64", "--epochs", "1", *args,
-            "--name", name, "--out", str(tmp_path)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done, json.loads((tmp_path / f"{name}.json").read_text())
+def finetune_share(tmp_path: Path, monkeypatch, capfd, name: str, *args: str) -> tuple[str, dict]:
+    """bench/finetune_share.py at a tiny size, one epoch of 64 examples, with `args`; what it and its run
+    processes wrote to stderr, and its JSON. Its main runs in this process, whose torch and transformers are
+    imported already (an interpreter of its own spent seconds importing them); the run processes it spawns
+    start as they do from the command line, and their stderr is this process's file descriptor 2 (capfd)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import finetune_share as script
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["finetune_share.py", "--size", "tiny", "--train", "64", "--epochs", "1", *args,
+                                      "--name", name, "--out", str(tmp_path)])
+    try:
+        script.main()
+    except SystemExit as e:  # a failed row: the script exits 1 after writing its table
+        pytest.fail(f"finetune_share.py exited {e.code}: {capfd.readouterr().err[-2000:]}")
+    return capfd.readouterr().err, json.loads((tmp_path / f"{name}.json").read_text())
 
 
-def test_finetune_share_reports_both_rates_and_a_profile_of_stacked_seeds(tmp_path):
+def test_finetune_share_reports_both_rates_and_a_profile_of_stacked_seeds(tmp_path, monkeypatch, capfd):
     """The script gpu_finetune.sh runs, at a tiny size on the CPU: 1 and 2 processes sharing the device, the
     rate over whole seeds and the (higher) rate inside the training loops, the single process's profile
     (by GPU time, then by host time) and each process's progress lines. `--stack 2`: each process trains
     its 2 timed seeds as one stacked model, and both are counted; with `--cuda-graph` (on the CPU: the
     same steps, unrecorded). One invocation for all: each spawned process costs seconds of imports."""
-    done, result = finetune_share(tmp_path, "share", "--task", "sst2", "--runs", "1,2", "--seeds", "2", "--stack", "2",
+    err, result = finetune_share(tmp_path, monkeypatch, capfd, "share", "--task", "sst2", "--runs", "1,2", "--seeds", "2", "--stack", "2",
                                   "--cuda-graph", "--profile", "--sync-debug")
     rows = result["rows"]
     assert [r["runs_per_gpu"] for r in rows] == [1, 2] and not any("error" in r for r in rows)
@@ -77,13 +86,13 @@ def test_finetune_share_reports_both_rates_and_a_profile_of_stacked_seeds(tmp_pa
     assert result["commit_from"] == "git" and f"Code: commit {result['commit'][:12]}" in table
     profile = (tmp_path / "share_profile.txt").read_text()
     assert profile.count("Self CPU time total") == 2  # two tables: by GPU time, by the host's own time
-    assert done.stderr.count("warmed up in") == 3 and done.stderr.count("timed seeds done in") == 3
+    assert err.count("warmed up in") == 3 and err.count("timed seeds done in") == 3
 
 
-def test_finetune_share_times_the_full_kind_recorded(tmp_path):
+def test_finetune_share_times_the_full_kind_recorded(tmp_path, monkeypatch, capfd):
     """`--kind full` (step 9 of gpu_finetune.sh): the whole cross-modal model trains and is counted as the
     cost table counts `full` runs (parameters outside embedding tables, the paper grid's BERT-b `full` tokens)."""
-    _, result = finetune_share(tmp_path, "full", "--kind", "full", "--task", "rte", "--runs", "1", "--seeds", "1", "--cuda-graph")
+    _, result = finetune_share(tmp_path, monkeypatch, capfd, "full", "--kind", "full", "--task", "rte", "--runs", "1", "--seeds", "1", "--cuda-graph")
     (row,) = result["rows"]
     assert result["kind"] == "full" and row["loop_tokens_per_second"] > 0 and len(row["dev_accuracy"]) == 1
     assert row["mfu"] == pytest.approx(6 * result["parameters"] * row["tokens_per_second"] / 989e12)
