@@ -20,7 +20,7 @@ ABSENT = ("ray", "dvc", "dvclive", "datasets")
 def run_without_absent(code: str) -> subprocess.CompletedProcess:
     """`code` in a fresh interpreter where importing any of ABSENT fails, as on the GPU machine."""
     hide = f"import sys\nfor name in {ABSENT!r}:\n    sys.modules[name] = None\nsys.path.insert(0, 'bench')\n"
-    return subprocess.run([sys.executable, "-c", hide + code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", hide + code], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def test_the_gpu_scripts_parse():
@@ -32,18 +32,31 @@ def test_the_gpu_scripts_parse():
         assert done.returncode == 0, f"{script.name}: {done.stderr}"
 
 
-def test_the_gpu_benchmarks_import_and_write_the_cost_table_without_ray_dvc_or_datasets(tmp_path):
-    """Every benchmark the GPU scripts run imports there (one interpreter for all: each costs seconds). Then
-    the finetuning cost of a family, each kind of run at its own MFU: encoder runs at the recorded rate,
-    `full` runs (never timed on a GPU) at theirs. 6 FLOPs per multiplying parameter and real token."""
-    argv = ["adapt_stage_speed.py", "--sizes", "tiny", "--finetune-only", "--families", "bert-b",
-            "--variants", "xdbert", "--finetune-mfu", "0.1", "--full-mfu", "0.04", "--out", str(tmp_path)]
+@pytest.fixture(scope="module")
+def on_the_gpu_machine(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """One interpreter as on the GPU machine (run_without_absent) for two tests: every benchmark the GPU
+    scripts run imported, then the cost table (bench/adapt_stage_speed.py) and step 1 of gpu_finetune.sh
+    (bench/gpu_determinism.py), each at a tiny size into a folder of its own. One interpreter for all:
+    each costs seconds of imports. The process, and the two folders."""
+    cost, determinism = tmp_path_factory.mktemp("cost"), tmp_path_factory.mktemp("determinism")
+    cost_argv = ["adapt_stage_speed.py", "--sizes", "tiny", "--finetune-only", "--families", "bert-b",
+                 "--variants", "xdbert", "--finetune-mfu", "0.1", "--full-mfu", "0.04", "--out", str(cost)]
+    determinism_argv = ["gpu_determinism.py", "--size", "tiny", "--train", "128", "--out", str(determinism)]
     done = run_without_absent("import adapt_stage_speed, finetune_share, finetune_speed, gpu_determinism, runpy\n"
-                              f"sys.argv = {argv!r}\nrunpy.run_path('bench/adapt_stage_speed.py', run_name='__main__')")
+                              f"sys.argv = {cost_argv!r}\nrunpy.run_path('bench/adapt_stage_speed.py', run_name='__main__')\n"
+                              f"sys.argv = {determinism_argv!r}\nrunpy.run_path('bench/gpu_determinism.py', run_name='__main__')")
+    return done, cost, determinism
+
+
+def test_the_gpu_benchmarks_import_and_write_the_cost_table_without_ray_dvc_or_datasets(on_the_gpu_machine):
+    """Every benchmark the GPU scripts run imports there. Then the finetuning cost of a family, each kind of
+    run at its own MFU: encoder runs at the recorded rate, `full` runs (never timed on a GPU) at theirs.
+    6 FLOPs per multiplying parameter and real token."""
+    done, folder, _ = on_the_gpu_machine
     assert done.returncode == 0, done.stderr[-2000:]
-    table = (tmp_path / "adapt_stage_speed.md").read_text(encoding="utf-8")
+    table = (folder / "adapt_stage_speed.md").read_text(encoding="utf-8")
     assert "| bert-b | - | - |" in table  # the finetuning columns alone, for the family asked
-    result = json.loads((tmp_path / "adapt_stage_speed.json").read_text(encoding="utf-8"))
+    result = json.loads((folder / "adapt_stage_speed.json").read_text(encoding="utf-8"))
     (cost,) = result["cost"]
     hours, tokens, sizes = cost["finetune_gpu_hours_by_kind"], cost["finetune_tokens_by_kind"], cost["matmul_parameters"]
     assert set(hours) == {"encoder", "full"} and cost["finetune_gpu_hours"] == pytest.approx(sum(hours.values()))
@@ -110,16 +123,15 @@ def test_finetune_share_refuses_to_stack_a_full_model(monkeypatch, capsys):
     assert exit_.value.code == 2 and "only an encoder's seeds are stacked" in capsys.readouterr().err
 
 
-def test_gpu_determinism_compares_a_recorded_seed_with_an_eager_one(tmp_path):
+def test_gpu_determinism_compares_a_recorded_seed_with_an_eager_one(on_the_gpu_machine):
     """Step 1 of gpu_finetune.sh at a tiny size on the CPU, where nothing is recorded: every comparison,
     eager against recorded included, trains the same bytes."""
-    argv = [sys.executable, "bench/gpu_determinism.py", "--size", "tiny", "--train", "128", "--out", str(tmp_path)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done, _, folder = on_the_gpu_machine
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads((tmp_path / "gpu_determinism.json").read_text())
+    result = json.loads((folder / "gpu_determinism.json").read_text())
     for mode in ("default", "eager vs recorded", "deterministic"):
         assert result[mode]["losses_equal"] and result[mode]["predictions_equal"], (mode, result[mode])
-    assert "| eager vs recorded | True |" in (tmp_path / "gpu_determinism.md").read_text()
+    assert "| eager vs recorded | True |" in (folder / "gpu_determinism.md").read_text()
 
 
 # ---------------------------------------------------------------- the commit every result records
