@@ -76,6 +76,19 @@ def local_ray(_ray_stopped_after_module):
     yield
 
 
+@pytest.fixture(scope="session")
+def rehearsal(tmp_path_factory) -> Path:
+    """A rehearsal folder with the tiny mirror, its lock, params and inputs; `dvc repro` not run. Read by
+    test_rehearse.py and test_fetch_check.py (which corrupts hard-linked copies of it, never the folder
+    itself). Session-scoped: each xdist worker builds it once, for whichever of the two files it is given
+    (`--dist loadfile`), instead of once per file."""
+    from xdbert import rehearse
+
+    folder = tmp_path_factory.mktemp("rehearsal") / "r"
+    rehearse.prepare(folder, "tiny", say=lambda line: None)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory) -> Path:
     """A tiny random BERT and its tokenizer (keyword_tasks.save_tiny_bert), what the finetuning tests train."""

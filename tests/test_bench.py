@@ -20,7 +20,7 @@ ABSENT = ("ray", "dvc", "dvclive", "datasets")
 def run_without_absent(code: str) -> subprocess.CompletedProcess:
     """`code` in a fresh interpreter where importing any of ABSENT fails, as on the GPU machine."""
     hide = f"import sys\nfor name in {ABSENT!r}:\n    sys.modules[name] = None\nsys.path.insert(0, 'bench')\n"
-    return subprocess.run([sys.executable, "-c", hide + code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", hide + code], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def test_the_gpu_scripts_parse():
@@ -32,18 +32,31 @@ def test_the_gpu_scripts_parse():
         assert done.returncode == 0, f"{script.name}: {done.stderr}"
 
 
-def test_the_gpu_benchmarks_import_and_write_the_cost_table_without_ray_dvc_or_datasets(tmp_path):
-    """Every benchmark the GPU scripts run imports there (one interpreter for all: each costs seconds). Then
-    the finetuning cost of a family, each kind of run at its own MFU: encoder runs at the recorded rate,
-    `full` runs (never timed on a GPU) at theirs. 6 FLOPs per multiplying parameter and real token."""
-    argv = ["adapt_stage_speed.py", "--sizes", "tiny", "--finetune-only", "--families", "bert-b",
-            "--variants", "xdbert", "--finetune-mfu", "0.1", "--full-mfu", "0.04", "--out", str(tmp_path)]
+@pytest.fixture(scope="module")
+def on_the_gpu_machine(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """One interpreter as on the GPU machine (run_without_absent) for two tests: every benchmark the GPU
+    scripts run imported, then the cost table (bench/adapt_stage_speed.py) and step 1 of gpu_finetune.sh
+    (bench/gpu_determinism.py), each at a tiny size into a folder of its own. One interpreter for all:
+    each costs seconds of imports. The process, and the two folders."""
+    cost, determinism = tmp_path_factory.mktemp("cost"), tmp_path_factory.mktemp("determinism")
+    cost_argv = ["adapt_stage_speed.py", "--sizes", "tiny", "--finetune-only", "--families", "bert-b",
+                 "--variants", "xdbert", "--finetune-mfu", "0.1", "--full-mfu", "0.04", "--out", str(cost)]
+    determinism_argv = ["gpu_determinism.py", "--size", "tiny", "--train", "128", "--out", str(determinism)]
     done = run_without_absent("import adapt_stage_speed, finetune_share, finetune_speed, gpu_determinism, runpy\n"
-                              f"sys.argv = {argv!r}\nrunpy.run_path('bench/adapt_stage_speed.py', run_name='__main__')")
+                              f"sys.argv = {cost_argv!r}\nrunpy.run_path('bench/adapt_stage_speed.py', run_name='__main__')\n"
+                              f"sys.argv = {determinism_argv!r}\nrunpy.run_path('bench/gpu_determinism.py', run_name='__main__')")
+    return done, cost, determinism
+
+
+def test_the_gpu_benchmarks_import_and_write_the_cost_table_without_ray_dvc_or_datasets(on_the_gpu_machine):
+    """Every benchmark the GPU scripts run imports there. Then the finetuning cost of a family, each kind of
+    run at its own MFU: encoder runs at the recorded rate, `full` runs (never timed on a GPU) at theirs.
+    6 FLOPs per multiplying parameter and real token."""
+    done, folder, _ = on_the_gpu_machine
     assert done.returncode == 0, done.stderr[-2000:]
-    table = (tmp_path / "adapt_stage_speed.md").read_text(encoding="utf-8")
+    table = (folder / "adapt_stage_speed.md").read_text(encoding="utf-8")
     assert "| bert-b | - | - |" in table  # the finetuning columns alone, for the family asked
-    result = json.loads((tmp_path / "adapt_stage_speed.json").read_text(encoding="utf-8"))
+    result = json.loads((folder / "adapt_stage_speed.json").read_text(encoding="utf-8"))
     (cost,) = result["cost"]
     hours, tokens, sizes = cost["finetune_gpu_hours_by_kind"], cost["finetune_tokens_by_kind"], cost["matmul_parameters"]
     assert set(hours) == {"encoder", "full"} and cost["finetune_gpu_hours"] == pytest.approx(sum(hours.values()))
@@ -51,22 +64,31 @@ def test_the_gpu_benchmarks_import_and_write_the_cost_table_without_ray_dvc_or_d
         assert hours[kind] * 3600 * rate * result["peak_tflops"] * 1e12 == pytest.approx(6 * sizes[kind] * tokens[kind])
 
 
-def finetune_share(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """bench/finetune_share.py at a tiny size, one epoch of 64 examples, with `args`; its process and JSON."""
-    argv = [sys.executable, "bench/finetune_share.py", "--size", "tiny", "--train", "64", "--epochs", "1", *args,
-            "--name", name, "--out", str(tmp_path)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done, json.loads((tmp_path / f"{name}.json").read_text())
+def finetune_share(tmp_path: Path, monkeypatch, capfd, name: str, *args: str) -> tuple[str, dict]:
+    """bench/finetune_share.py at a tiny size, one epoch of 64 examples, with `args`; what it and its run
+    processes wrote to stderr, and its JSON. Its main runs in this process, whose torch and transformers are
+    imported already (an interpreter of its own spent seconds importing them); the run processes it spawns
+    start as they do from the command line, and their stderr is this process's file descriptor 2 (capfd)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import finetune_share as script
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["finetune_share.py", "--size", "tiny", "--train", "64", "--epochs", "1", *args,
+                                      "--name", name, "--out", str(tmp_path)])
+    try:
+        script.main()
+    except SystemExit as e:  # a failed row: the script exits 1 after writing its table
+        pytest.fail(f"finetune_share.py exited {e.code}: {capfd.readouterr().err[-2000:]}")
+    return capfd.readouterr().err, json.loads((tmp_path / f"{name}.json").read_text())
 
 
-def test_finetune_share_reports_both_rates_and_a_profile_of_stacked_seeds(tmp_path):
+def test_finetune_share_reports_both_rates_and_a_profile_of_stacked_seeds(tmp_path, monkeypatch, capfd):
     """The script gpu_finetune.sh runs, at a tiny size on the CPU: 1 and 2 processes sharing the device, the
     rate over whole seeds and the (higher) rate inside the training loops, the single process's profile
     (by GPU time, then by host time) and each process's progress lines. `--stack 2`: each process trains
     its 2 timed seeds as one stacked model, and both are counted; with `--cuda-graph` (on the CPU: the
     same steps, unrecorded). One invocation for all: each spawned process costs seconds of imports."""
-    done, result = finetune_share(tmp_path, "share", "--task", "sst2", "--runs", "1,2", "--seeds", "2", "--stack", "2",
+    err, result = finetune_share(tmp_path, monkeypatch, capfd, "share", "--task", "sst2", "--runs", "1,2", "--seeds", "2", "--stack", "2",
                                   "--cuda-graph", "--profile", "--sync-debug")
     rows = result["rows"]
     assert [r["runs_per_gpu"] for r in rows] == [1, 2] and not any("error" in r for r in rows)
@@ -77,13 +99,13 @@ def test_finetune_share_reports_both_rates_and_a_profile_of_stacked_seeds(tmp_pa
     assert result["commit_from"] == "git" and f"Code: commit {result['commit'][:12]}" in table
     profile = (tmp_path / "share_profile.txt").read_text()
     assert profile.count("Self CPU time total") == 2  # two tables: by GPU time, by the host's own time
-    assert done.stderr.count("warmed up in") == 3 and done.stderr.count("timed seeds done in") == 3
+    assert err.count("warmed up in") == 3 and err.count("timed seeds done in") == 3
 
 
-def test_finetune_share_times_the_full_kind_recorded(tmp_path):
+def test_finetune_share_times_the_full_kind_recorded(tmp_path, monkeypatch, capfd):
     """`--kind full` (step 9 of gpu_finetune.sh): the whole cross-modal model trains and is counted as the
     cost table counts `full` runs (parameters outside embedding tables, the paper grid's BERT-b `full` tokens)."""
-    _, result = finetune_share(tmp_path, "full", "--kind", "full", "--task", "rte", "--runs", "1", "--seeds", "1", "--cuda-graph")
+    _, result = finetune_share(tmp_path, monkeypatch, capfd, "full", "--kind", "full", "--task", "rte", "--runs", "1", "--seeds", "1", "--cuda-graph")
     (row,) = result["rows"]
     assert result["kind"] == "full" and row["loop_tokens_per_second"] > 0 and len(row["dev_accuracy"]) == 1
     assert row["mfu"] == pytest.approx(6 * result["parameters"] * row["tokens_per_second"] / 989e12)
@@ -101,16 +123,15 @@ def test_finetune_share_refuses_to_stack_a_full_model(monkeypatch, capsys):
     assert exit_.value.code == 2 and "only an encoder's seeds are stacked" in capsys.readouterr().err
 
 
-def test_gpu_determinism_compares_a_recorded_seed_with_an_eager_one(tmp_path):
+def test_gpu_determinism_compares_a_recorded_seed_with_an_eager_one(on_the_gpu_machine):
     """Step 1 of gpu_finetune.sh at a tiny size on the CPU, where nothing is recorded: every comparison,
     eager against recorded included, trains the same bytes."""
-    argv = [sys.executable, "bench/gpu_determinism.py", "--size", "tiny", "--train", "128", "--out", str(tmp_path)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done, _, folder = on_the_gpu_machine
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads((tmp_path / "gpu_determinism.json").read_text())
+    result = json.loads((folder / "gpu_determinism.json").read_text())
     for mode in ("default", "eager vs recorded", "deterministic"):
         assert result[mode]["losses_equal"] and result[mode]["predictions_equal"], (mode, result[mode])
-    assert "| eager vs recorded | True |" in (tmp_path / "gpu_determinism.md").read_text()
+    assert "| eager vs recorded | True |" in (folder / "gpu_determinism.md").read_text()
 
 
 # ---------------------------------------------------------------- the commit every result records

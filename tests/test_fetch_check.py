@@ -30,20 +30,12 @@ from xdbert.profiles import values
 PAPER = values("paper")
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    """A rehearsal folder with the tiny mirror, its lock, params and inputs; `dvc repro` not run."""
-    folder = tmp_path_factory.mktemp("rehearsal") / "r"
-    rehearse.prepare(folder, "tiny", say=lambda line: None)
-    return folder
-
-
 @pytest.fixture
-def out(built, tmp_path, monkeypatch) -> Path:
+def out(rehearsal, tmp_path, monkeypatch) -> Path:
     """A copy of the rehearsal folder made of hard links (a corruption replaces a file, never writes into one), its
     hub cache the only one, no network, `datasets`' cache empty."""
     folder = tmp_path / "r"
-    shutil.copytree(built, folder, copy_function=os.link, symlinks=True)
+    shutil.copytree(rehearsal, folder, copy_function=os.link, symlinks=True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(folder / rehearse.CACHE / "hub"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
@@ -165,9 +157,9 @@ def test_a_failed_check_after_a_download_keeps_the_old_lock(out):
     assert (out / "hub.lock.json").read_bytes() == lock
 
 
-def test_the_rehearsal_checks_its_mirror_with_its_own_code_before_dvc_repro(built, capfd):
+def test_the_rehearsal_checks_its_mirror_with_its_own_code_before_dvc_repro(rehearsal, capfd):
     """`xdbert rehearse` runs this check in the clone (the committed code), offline, before `dvc repro`."""
-    rehearse.check(built, say=lambda line: None)
+    rehearse.check(rehearsal, say=lambda line: None)
     assert "| timm/vit_base_patch32_clip_224.openai (`model.clip_pretrained`) | PASS |" in capfd.readouterr().out
 
 

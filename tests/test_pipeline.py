@@ -18,8 +18,15 @@ from xdbert import paths  # noqa: E402
 pytestmark = pytest.mark.slow  # every test here runs `dvc repro` on a project of its own
 
 
-def sh(*cmd: str, cwd: Path) -> str:
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+def sh(*cmd: str, cwd: Path, log: Path | None = None) -> str:
+    """Run `cmd`, which must succeed; its output, or with `log` its output written to that file instead of
+    pipes: a daemon the command forks inherits them, and a pipe would keep this call waiting until it exits."""
+    if log is None:
+        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    else:
+        with open(log, "w") as f:
+            r = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True)
+        r.stdout, r.stderr = log.read_text(), ""
     assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}"
     return r.stdout + r.stderr
 
@@ -165,7 +172,8 @@ def test_every_experiment_of_a_repository_finds_one_run_cache(tmp_path):
     sh("dvc", "exp", "run", "--temp", "-S", "n=1", cwd=repo)
     sh("dvc", "exp", "run", "--queue", "-S", "n=2", cwd=repo)
     try:
-        sh("dvc", "queue", "start", cwd=repo)
+        # its worker lives on for seconds after the experiment ran; the loop below waits for the experiment only
+        sh("dvc", "queue", "start", cwd=repo, log=tmp_path / "queue-start.log")
         for _ in range(300):
             if seen.is_file() and len(seen.read_text().splitlines()) == 3:
                 break

@@ -22,25 +22,17 @@ from xdbert.data.tasks.registry import get_task
 from xdbert.mirror import ROWS, TINY
 
 
-@pytest.fixture(scope="module")
-def out(tmp_path_factory) -> Path:
-    """A rehearsal folder with the tiny mirror, its lock, params and inputs; `dvc repro` not run."""
-    folder = tmp_path_factory.mktemp("rehearsal") / "r"
-    rehearse.prepare(folder, "tiny", say=lambda line: None)
-    return folder
-
-
 @pytest.fixture
-def offline(out, tmp_path, monkeypatch) -> dict:
+def offline(rehearsal, tmp_path, monkeypatch) -> dict:
     """Inside the rehearsal folder, its hub cache the only one, no network; the lock it wrote."""
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(out / rehearse.CACHE / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(rehearsal / rehearse.CACHE / "hub"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
-    monkeypatch.chdir(out)
-    return json.loads((out / "hub.lock.json").read_text())
+    monkeypatch.chdir(rehearsal)
+    return json.loads((rehearsal / "hub.lock.json").read_text())
 
 
-def test_every_asset_is_pinned_at_a_made_up_commit_in_the_real_layout(out, offline):
+def test_every_asset_is_pinned_at_a_made_up_commit_in_the_real_layout(rehearsal, offline):
     assert "NOT the hub's commits" in offline["rehearsal"]
     names = [(a["key"], a["repo_id"]) for a in offline["assets"]]
     assert names == [("corpus.hub_id", "Salesforce/wikitext"), ("tasks.glue_hub_id", "nyu-mll/glue"),
@@ -49,7 +41,7 @@ def test_every_asset_is_pinned_at_a_made_up_commit_in_the_real_layout(out, offli
                      ("families.electra-l.encoder", "google/electra-large-discriminator"),
                      ("model.clip_pretrained", "timm/vit_base_patch32_clip_224.openai")]
     for a in offline["assets"]:
-        repo = out / rehearse.CACHE / "hub" / repo_folder_name(repo_id=a["repo_id"], repo_type=a["repo_type"])
+        repo = rehearsal / rehearse.CACHE / "hub" / repo_folder_name(repo_id=a["repo_id"], repo_type=a["repo_type"])
         assert len(a["revision"]) == 40 and int(a["revision"], 16) >= 0
         assert (repo / "refs" / "main").read_text() == a["revision"]
         assert hub.source(a["repo_id"], a["repo_type"]) == str(repo / "snapshots" / a["revision"])
@@ -86,10 +78,10 @@ def test_clip_loads_the_pinned_openai_weights(offline):
     assert (tower.width, tower.context_length) == (512, 77)
 
 
-def test_dataset_slices_load_through_the_paper_loaders_in_their_schemas(out, offline):
+def test_dataset_slices_load_through_the_paper_loaders_in_their_schemas(rehearsal, offline):
     from xdbert.data.corpus import load_hub_corpus
 
-    p = params.load(out / "params.yaml")
+    p = params.load(rehearsal / "params.yaml")
     docs = load_hub_corpus(p["corpus"]["hub_id"], p["corpus"]["hub_config"])
     assert docs["train"] and docs["valid"] and all("=" not in d.split("\n")[0] for d in docs["train"])
     for task in [t for t in p["tasks"]["names"] if t in GLUE]:
@@ -108,21 +100,21 @@ def test_dataset_slices_load_through_the_paper_loaders_in_their_schemas(out, off
     provided.check(p)  # the CSV's header and COCO's captions, as the `corpus` stage checks them
 
 
-def test_the_clone_runs_its_own_code_with_mkls_zen_kernels(out):
+def test_the_clone_runs_its_own_code_with_mkls_zen_kernels(rehearsal):
     """DIR's code comes first on the path; the library the install built (not in git) came along."""
     code = "import xdbert, torch; from xdbert import numerics; print(xdbert.__file__, numerics.mkl_path())"
-    ran = subprocess.run([sys.executable, "-c", code], cwd=out, env=rehearse.offline_env(out),
+    ran = subprocess.run([sys.executable, "-c", code], cwd=rehearsal, env=rehearse.offline_env(rehearsal),
                          capture_output=True, text=True, check=True).stdout.split()
-    assert ran == [str(out.resolve() / "xdbert/__init__.py"), "zen" if numerics.X86_64 else "vendor"]
+    assert ran == [str(rehearsal.resolve() / "xdbert/__init__.py"), "zen" if numerics.X86_64 else "vendor"]
 
 
-def test_params_differ_from_the_paper_profile_in_the_listed_counts_only(out):
-    written = dict(profiles.leaves(params.load(out / "params.yaml")))
+def test_params_differ_from_the_paper_profile_in_the_listed_counts_only(rehearsal):
+    written = dict(profiles.leaves(params.load(rehearsal / "params.yaml")))
     paper = dict(profiles.leaves(profiles.values("paper")))
     assert set(written) == set(paper)
     changed = {profiles.dotted(k): v for k, v in written.items() if v != paper[k]}
     assert changed == rehearse.OVERRIDES
-    assert "rehearsal" in (out / "params.yaml").read_text()
+    assert "rehearsal" in (rehearsal / "params.yaml").read_text()
 
 
 def test_help_lists_the_overridden_keys():

@@ -35,8 +35,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import pandas as pd
-
 from xdbert import params as P
 from xdbert.data import provided
 from xdbert.errors import PipelineError
@@ -46,6 +44,7 @@ from xdbert.hub_layouts import DATASETS, MODELS
 
 if TYPE_CHECKING:
     import datasets
+    import pandas as pd
 
 SIZES = ("tiny", "paper")
 # What --sizes tiny changes in an encoder's config: its shape only (ids, vocabulary, positions stay real).
@@ -354,6 +353,10 @@ def build_mirror(p: dict, cache: Path, sizes: str, say: Callable[[str], None] = 
 
 def write_inputs(p: dict, root: Path) -> list[Path]:
     """The hand-provided files of params `p` (paths relative to `root`), in their real formats."""
+    # pandas here, not at the top: every `xdbert` command imports this module (the rehearse command's
+    # help names OVERRIDES), and pandas took 0.8 s of each one's 1.2 s of imports
+    import pandas as pd
+
     from xdbert.analysis.grounding import generate_captions, write_coco_captions
 
     seed = P.section(p, "model")["seed"]
