@@ -178,7 +178,6 @@ def main() -> None:
     from xdbert.model.saving import save_adapted, save_clip_tower
     from xdbert.model.settings import ModelSettings
 
-    version = code_version()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     out_dir = args.out.resolve()
@@ -218,7 +217,7 @@ def main() -> None:
     corpus_blocks = pretraining.shard_blocks(train)
     valid_blocks = pretraining.shard_blocks(valid)
     frames = neutral_sentences(N_SENTENCES)
-    result = {"version": version, "facts_seed": args.facts_seed, "clip_steps": args.clip_steps, "levers": levers,
+    result = {**code_version(), "facts_seed": args.facts_seed, "clip_steps": args.clip_steps, "levers": levers,
               "lambda": LAMBDA, "n_perm": N_PERM, "pairs": pairs.tolist(), "objects": objects,
               "facts": {o: ATTRIBUTES[real[o]] for o in objects}, "towers": {}, "encoders": {}, "seconds": {}}
 
@@ -303,7 +302,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# Mechanism de-risk: facts seed {args.facts_seed}, CLIP steps {args.clip_steps}, levers {levers or 'none'}", "",
-             describe(version), "", f"Decision: **{decision}**", "",
+             describe(result), "", f"Decision: **{decision}**", "",
              "| check | holds |", "|---|---|"]
     lines += [f"| {k} | {'yes' if v else 'NO'} |" for k, v in {**pre, **go}.items()]
     lines += ["", f"XDBERT(facts) {xf['accuracy']:.3f} - XDBERT(twin) {xt['accuracy']:.3f} = {xf['accuracy'] - xt['accuracy']:+.3f}, "
