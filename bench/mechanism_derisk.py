@@ -48,10 +48,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 import xdbert  # noqa: F401, E402  (first: it fixes the CPU kernels and threads before torch and numpy load)
 import numpy as np  # noqa: E402
 
-ATTRIBUTES = ["striped", "spotted", "plaid", "floral"]
-LAMBDA = 10.0        # the ridge penalty on standardized features, fixed before the first run
-N_PERM = 1000
-N_FLIP = 10000
+from xdbert.analysis.mechanism_stats import GATES  # noqa: E402  the pre-registered probe settings
+from xdbert.data.synthetic.words import PATTERNS as ATTRIBUTES  # noqa: E402
+
+LAMBDA, N_PERM, N_FLIP = GATES["lambda"], GATES["n_perm"], GATES["n_flip"]
 N_SENTENCES = 20
 
 
@@ -168,14 +168,13 @@ def main() -> None:
     from xdbert.adaptation.loop import BatchMaker, adapt
     from xdbert.adaptation.settings import AdaptSettings, PretrainSettings
     from xdbert.analysis import probe
-    from xdbert.analysis.grounding import generate_captions
     from xdbert.analysis.representations import encoder_features, neutral_sentences, tower_features
     from xdbert.clip import clip_special_ids, clip_tokenizer
     from xdbert.data import shards
     from xdbert.data.synthetic import words as C
     from xdbert.model.build import build_xdbert
     from xdbert.model.clip_tower import CLIPTextTower
-    from xdbert.model.saving import save_adapted, save_clip_tower
+    from xdbert.model.saving import load_clip_tower, save_adapted, save_clip_tower
     from xdbert.model.settings import ModelSettings
 
     work = args.work.resolve()
@@ -200,7 +199,7 @@ def main() -> None:
     pairs = np.zeros((4, 4), int)
     for o in objects:
         pairs[real[o], twin[o]] += 1
-    scenes = generate_captions(args.n_captions // 2, args.facts_seed)
+    scenes = C.generate_captions(args.n_captions // 2, args.facts_seed)
     about = args.n_captions - len(scenes)
     captions = {"facts": scenes + fact_captions(real, about, args.facts_seed + 1),
                 "twin": scenes + fact_captions(twin, about, args.facts_seed + 1)}
@@ -227,18 +226,16 @@ def main() -> None:
         directory = work / f"tower_{name}_{args.clip_steps}"
         cap_blocks = ctok(captions[name])
         mixed = torch.cat([cap_blocks, corpus_blocks[torch.arange(len(cap_blocks)) % len(corpus_blocks)]])
-        torch.manual_seed(model.seed)
-        tower = CLIPTextTower.build(model.clip, model.clip_pretrained)
-        if (directory / paths.CLIP_CONFIG).is_file():
-            from xdbert.model.saving import load_clip_tower
+        if (directory / paths.CLIP_CONFIG).is_file():  # trained by an earlier run with the same steps
             tower, _ = load_clip_tower(directory)
             trained = {"reused": str(directory)}
         else:
+            torch.manual_seed(model.seed)  # both towers start from the same random weights
+            tower = CLIPTextTower.build(model.clip, model.clip_pretrained)
             trained = pretraining.pretrain_clip(tower, mixed, eot, clip_settings, work / f"tower_{name}.pt")
             save_clip_tower(tower, directory, model.clip, model.clip_pretrained)
         tower.eval()
         vocab = torch.unique(mixed[mixed != 0])
-        # the attribute after the object in the captions it was trained on: what the tower's state at the object predicts
         towers[name] = tower
         result["towers"][name] = {
             **trained, "corpus_next_token_accuracy": next_token_accuracy(tower, valid_blocks, eot, vocab),
