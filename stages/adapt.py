@@ -81,7 +81,7 @@ def main() -> None:
     _, eot = clip_special_ids(model.clip)
 
     xdbert = build_xdbert(model, settings, vocab_size=len(tok), clip_blocks=manifest["n_blocks"], clip_eot_id=eot,
-                          splits=(train, valid))
+                          splits=(train, valid), clip_tower=paths.MODELS / settings.clip_tower)
     make_batch = BatchMaker(settings, manifest["n_blocks"], vocab_size=len(tok), special_ids=tok.all_special_ids,
                             mask_id=tok.mask_token_id, eot_id=eot)
     checkpoint = paths.adapt_checkpoint(family, variant)

@@ -12,6 +12,7 @@ import yaml
 
 from xdbert.data import corpus
 from xdbert.data.corpus import CorpusSettings
+from xdbert.data.synthetic.words import EXTRA_OBJECTS, OBJECTS, PATTERNS
 from xdbert.data.synthetic.documents import generate_corpus
 from xdbert.data.synthetic.words import OBJECTS, RARE_WORDS
 from xdbert.errors import PipelineError
@@ -154,7 +155,8 @@ def test_write_corpus_schema_and_stats(tmp_path):
 
 def _stage(tmp_path: Path, **overrides) -> subprocess.CompletedProcess:
     params = {"profile": "embedded", "corpus": {"source": "generated", "hub_id": "wikitext", "hub_config": CONFIG,
-                                                "n_docs": 12, "sentences_per_doc": 8, "seed": 0}}
+                                                "n_docs": 12, "sentences_per_doc": 8, "seed": 0},
+              "mechanism": {"extra_objects": 0, "patterns": []}}  # the only keys of the section the corpus reads
     params["corpus"].update(overrides)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     return subprocess.run([sys.executable, str(ROOT / "stages" / "corpus.py")], cwd=tmp_path, capture_output=True, text=True)
@@ -168,7 +170,8 @@ def corpus_params(**overrides) -> dict:
 
 def test_settings_keep_only_the_keys_of_their_source_and_check_every_key():
     assert CorpusSettings.from_params(values("embedded")) == CorpusSettings(
-        "generated", n_docs=900, sentences_per_doc=30, seed=0)
+        "generated", n_docs=900, sentences_per_doc=30, seed=0, objects=tuple(OBJECTS + EXTRA_OBJECTS),
+        patterns=tuple(PATTERNS))  # the mechanism study's 80 objects and its attribute words
     hub = CorpusSettings.from_params(corpus_params(source="hub"))
     assert hub == CorpusSettings("hub", hub_id="wikitext", hub_config=CONFIG)
     # a key the source does not read is checked all the same: the error shows before a switch of source

@@ -133,7 +133,9 @@ def test_paper_profile_is_an_overlay_of_the_defaults():
     assert paper["tasks"]["train_sizes"] == {} and paper["finetune"]["lr"]["sst2"] == {"base": 2e-5, "large": 1e-5}
     assert "hidden_dropout_prob" not in paper["model"]["encoder_config"]
     assert paper["adapt"]["loss_weights"] == {"mlm": 1.0, "match": 1.0, "cliptc": 1.0}
-    assert set(paper["adapt"]["variants"]) == set(embedded["adapt"]["variants"]) | {"twenty_epochs"}
+    # the mechanism study's twin variant has no twin tower to adapt beside in the paper profile
+    assert set(paper["adapt"]["variants"]) == set(embedded["adapt"]["variants"]) - {"nofacts"} | {"twenty_epochs"}
+    assert not paper["mechanism"]["enabled"] and embedded["mechanism"]["enabled"]
     # Table 1's three families, named and labelled as the paper names them; ELECTRA's own finetuning recipe
     assert {name: (f.label, f.size, f.layer_lr_decay) for name, f in families(paper).items()} == {
         "bert-b": ("BERT-b", "base", 1.0), "electra-b": ("ELECTRA-b", "base", 0.8), "electra-l": ("ELECTRA-l", "large", 0.9)}

@@ -175,7 +175,7 @@ def test_the_docs_table_of_keys_is_the_codes():
     text = (ROOT / "docs/profiles.md").read_text(encoding="utf-8").split("## The params sections")[1]
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| `")]
     table = {row[0].strip("| `"): row for row in rows if len(row) == 4}
-    assert list(table) == ["profile", "corpus", "tasks", "hub", "model", "families", "tokenize", "pretrain", "adapt",
+    assert list(table) == ["profile", "corpus", "tasks", "mechanism", "hub", "model", "families", "tokenize", "pretrain", "adapt",
                            "finetune", "aggregate", "pwcca", "grounding", "attention"]
     assert sorted(table) == sorted(["profile", *P.KEYS])
     for section, (_, keys, _, read_by) in table.items():

@@ -142,7 +142,7 @@ ADAPT_KEYS = {"adapt.*": "its keys are checked against a variant's overrides; th
 ABLATION_FAMILY = {"adapt.family": "only checked: it names Table 3's family, not this stage's",
                    "families.${adapt.family}": "only checked, as Table 3's family"}
 CHECKED_VARIANTS = {"adapt.variants.*": "only checked: `finetune.ablations` names adapt variants"}
-CROSS_MODAL = ("clip_heads", "placeholder", "freeze_clip", "mlm_negatives", "match_prob", "cliptc_prob", "cliptc_vocab")
+CROSS_MODAL = ("clip_heads", "placeholder", "freeze_clip", "clip_tower", "mlm_negatives", "match_prob", "cliptc_prob", "cliptc_vocab")
 ADAPT_DEPS = ("data/shards", "models/tokenizer")
 
 STAGES: dict[str, Stage] = {

@@ -24,6 +24,9 @@ KEYS = {
     "corpus": ("source", "hub_id", "hub_config", "n_docs", "sentences_per_doc", "seed"),
     "tasks": ("source", "names", "train_size", "train_sizes", "dev_size", "read_path", "read_dev_fraction",
               "glue_hub_id", "swag_hub_id", "seed"),
+    "mechanism": ("enabled", "extra_objects", "patterns", "seed", "n_train", "n_dev_captioned", "n_dev_uncaptioned",
+                  "fact_share", "fact_rate", "after_object", "caption_share", "vis", "models", "full_models",
+                  "clip_towers", "control_task", "sentences", "bow_seeds", "replication", "gates"),
     "model": ("encoder", "encoder_config", "clip", "clip_pretrained", "seed"),
     "families": None,  # family names -> their settings (xdbert.model.settings.Family), checked there
     "hub": ("revisions",),
@@ -31,7 +34,7 @@ KEYS = {
     "pretrain": ("steps", "batch_size", "lr", "mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay",
                  "max_len", "checkpoint_every", "seed", "clip_steps"),
     "adapt": ("family", "variants", "baseline", "losses", "cross_layers", "clip_heads", "placeholder", "freeze_clip",
-              "mlm_negatives", "loss_weights", "init_range", "cliptc_vocab", "epochs", "lr", "warmup_ratio",
+              "mlm_negatives", "clip_tower", "loss_weights", "init_range", "cliptc_vocab", "epochs", "lr", "warmup_ratio",
               "weight_decay", "batch_size", "micro_batch_size", "mlm_prob", "match_prob", "cliptc_prob",
               "checkpoint_every", "eval_windows", "precision", "compile", "seed"),
     "pwcca": ("clip_tower", "pairs", "eps", "convention", "weight_by", "min_words_ratio", "seed"),

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Iterable
 
 from xdbert import params as P
-from xdbert.adaptation.settings import AdaptSettings, PretrainSettings
+from xdbert.adaptation.settings import AdaptSettings, PretrainSettings, setting_key
 from xdbert.analysis.attention import AttentionSettings
 from xdbert.analysis.grounding import GroundingSettings
 from xdbert.analysis.pwcca import PwccaSettings
 from xdbert.data.corpus import CorpusSettings
+from xdbert.data.mechanism import MechanismSettings
 from xdbert.data.tasks.registry import get_task
 from xdbert.data.tasks.settings import TasksSettings
 from xdbert.data.tokenization.build import Settings as TokenizeSettings
@@ -28,6 +29,7 @@ from xdbert.errors import PipelineError
 from xdbert.fetch import requested_revisions
 from xdbert.finetuning.settings import FinetuneSettings
 from xdbert.model.settings import ModelSettings, ablation_family, family_names
+from xdbert.paths import PRETRAIN_CLIP, PRETRAIN_CLIP_NOFACTS
 from xdbert.random_encoder import RANDOM_PREFIX
 from xdbert.reports.settings import AggregateSettings
 
@@ -59,8 +61,17 @@ def check(p: dict) -> None:
                 check_positions("pretrain.max_len", pretrain.max_len, positions, m.encoder)
     PretrainSettings.clip_from_params(p, model.clip_pretrained)
     variants = P.variant_names(p)
+    mechanism = MechanismSettings.from_params(p)
     for variant in [P.PROPOSED, P.BASELINE, *variants]:
-        AdaptSettings.from_params(p, variant)
+        adapt = AdaptSettings.from_params(p, variant)
+        if adapt.clip_tower == PRETRAIN_CLIP_NOFACTS.name and not mechanism.enabled:
+            # the twin tower exists only in the mechanism study's world (the paper profile has none)
+            raise PipelineError(f"`{setting_key(p, variant, 'clip_tower')}` is {adapt.clip_tower}, the mechanism study's twin "
+                                f"tower, but `mechanism.enabled` is false (the paper profile): remove the variant "
+                                f"{variant!r} or use {PRETRAIN_CLIP.name}")
+    if mechanism.enabled:
+        _named("mechanism.models", mechanism.models, [P.BASELINE, P.PROPOSED, *variants], "the baseline or an adapt variant")
+        _named("mechanism.full_models", mechanism.full_models, [P.PROPOSED, *variants], "an adapt variant with CLIP")
     for name in tasks.names:
         FinetuneSettings.from_params(p, get_task(name))
     study = AggregateSettings.from_params(p).study

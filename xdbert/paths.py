@@ -20,8 +20,13 @@ TOKENIZER = Path("models/tokenizer")
 # stages `pretrain_encoder@<family>`
 PRETRAIN_ENCODER = Path("models/pretrain_encoder")            # /<family>
 PRETRAIN_ENCODER_METRICS = Path("metrics/pretrain_encoder")   # /<family>.json
+# stage `captions`
+CAPTIONS = Path("data/captions")          # captions.json (COCO's layout), captions_nofacts.json, facts.json, word_counts.json
 # stage `pretrain_clip`
+MODELS = Path("models")
 PRETRAIN_CLIP = Path("models/pretrain_clip")
+PRETRAIN_CLIP_NOFACTS = Path("models/pretrain_clip_nofacts")  # the mechanism study's twin tower
+CLIP_TOWERS = (PRETRAIN_CLIP.name, PRETRAIN_CLIP_NOFACTS.name)  # what `adapt.clip_tower` may name under models/
 PRETRAIN_CLIP_METRICS = Path("metrics/pretrain_clip.json")
 # stages `adapt_baseline@<family>`, `adapt@<family>` and `ablate@<variant>`
 ADAPTED = Path("models/adapted")          # /<family>/<variant>: the language encoder alone
@@ -41,9 +46,10 @@ TABLES_METRICS = Path("metrics/tables.json")
 # stage `pwcca`
 PWCCA_METRICS = Path("results/pwcca.json")
 # stage `grounding`
-CAPTIONS = Path("data/captions")
 GROUNDING_METRICS = Path("results/grounding.json")
 FIGURE4 = Path("reports/figure4.png")     # beside report("figure4")
+# stage `mechanism`
+MECHANISM_METRICS = Path("results/mechanism.json")   # beside report("mechanism")
 # stage `attention`
 ATTENTION = Path("reports/attention")
 ATTENTION_METRICS = Path("results/attention.json")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 
 from xdbert import params as P
 from xdbert.errors import PipelineError
+from xdbert.paths import CLIP_TOWERS
 from xdbert.model import LOSSES
 
 
@@ -98,6 +99,7 @@ class AdaptSettings:
     clip_heads: int           # heads of the CLIP stream in the cross layers
     placeholder: bool         # a learned sequence in place of CLIP's features (control run)
     freeze_clip: bool
+    clip_tower: str           # models/<name>, the CLIP stand-in beside the encoder: pretrain_clip, or its nofacts twin
     init_range: float | None  # std of the new modules' init; None = the encoder's initializer_range
     cliptc_vocab: str         # CLIPTC's classes: all CLIP ids (full) or those in the token shards (shards)
     # The training loop (`xdbert.adaptation.loop`)
@@ -152,6 +154,7 @@ class AdaptSettings:
         for key in ("placeholder", "freeze_clip", "mlm_negatives"):
             P.flag(s[key], key_of(key))
         P.compile_setting(s["compile"], key_of("compile"))
+        P.choice(s["clip_tower"], key_of("clip_tower"), CLIP_TOWERS)
         cross = s["cross_layers"]
         if not isinstance(cross, int) or isinstance(cross, bool) or cross < 0:
             raise PipelineError(f"`{key_of('cross_layers')}` must be an integer >= 0 (0: the MLM-only baseline); got {cross!r}")

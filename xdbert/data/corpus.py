@@ -22,7 +22,9 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 
 from xdbert import params as P
+from xdbert.data.mechanism import corpus_world
 from xdbert.data.synthetic.documents import generate_corpus
+from xdbert.data.synthetic.words import OBJECTS
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request, source
 from xdbert.io import atomic_path, write_parquet
@@ -50,6 +52,8 @@ class CorpusSettings:
     n_docs: int | None = None
     sentences_per_doc: int | None = None
     seed: int | None = None
+    objects: tuple | None = None       # generated: the nouns its props are drawn from (`mechanism.extra_objects`)
+    patterns: tuple[str, ...] = ()     # generated: the attribute words of object-free sentences (`mechanism.patterns`)
 
     @classmethod
     def from_params(cls, params: dict) -> "CorpusSettings":
@@ -59,23 +63,26 @@ class CorpusSettings:
         source = P.choice(get("source"), "corpus.source", SOURCES)
         hub = dict(hub_id=P.nonempty_str(get("hub_id"), "corpus.hub_id"),
                    hub_config=P.nonempty_str(get("hub_config"), "corpus.hub_config"))
+        objects, patterns = corpus_world(params)  # the mechanism study's words, not its facts: see its module
         generated = dict(n_docs=P.positive(get("n_docs"), "corpus.n_docs"),
                          sentences_per_doc=P.positive(get("sentences_per_doc"), "corpus.sentences_per_doc"),
-                         seed=P.non_negative(get("seed"), "corpus.seed"))
+                         seed=P.non_negative(get("seed"), "corpus.seed"), objects=tuple(objects), patterns=patterns)
         return cls(source, **(hub if source == "hub" else generated))
 
     def load(self) -> dict[str, list[str]]:
         """The documents per split (`load_corpus` with this source's keys)."""
         if self.source == "hub":
             return load_corpus(self.source, hub_id=self.hub_id, hub_config=self.hub_config)
-        return load_corpus(self.source, n_docs=self.n_docs, sentences_per_doc=self.sentences_per_doc, seed=self.seed)
+        return load_corpus(self.source, n_docs=self.n_docs, sentences_per_doc=self.sentences_per_doc, seed=self.seed,
+                           objects=self.objects, patterns=self.patterns)
 
 
 def load_corpus(source: str, *, hub_id: str = "", hub_config: str = "", n_docs: int = 0,
-                sentences_per_doc: int = 0, seed: int = 0, cache_dir: str | None = None) -> dict[str, list[str]]:
+                sentences_per_doc: int = 0, seed: int = 0, objects: tuple | None = None, patterns: tuple[str, ...] = (),
+                cache_dir: str | None = None) -> dict[str, list[str]]:
     """Documents per split from the configured source (`generated` or `hub`)."""
     if source == "generated":
-        docs = generate_corpus(n_docs, sentences_per_doc, seed)
+        docs = generate_corpus(n_docs, sentences_per_doc, seed, list(objects or OBJECTS), patterns)
     elif source == "hub":
         docs = load_hub_corpus(hub_id, hub_config, cache_dir=cache_dir)
     else:
