@@ -1,8 +1,8 @@
 """The XDBERT cross-modal model: language encoder + CLIP text tower + LXMERT-style cross-modal layers.
 
 Read top to bottom: `XDBertConfig` (everything needed to rebuild a model), `XDBertModel` (its parts, its
-losses, and `encode` for finetuning), `count_parameters` (paper Table 6). The parts live beside this
-module: `encoders`, `clip_tower`, `layers`.
+losses, and `encode` for finetuning), `clip_path_cut` (a test switch: the language side blind to CLIP),
+`count_parameters` (paper Table 6). The parts live beside this module: `encoders`, `clip_tower`, `layers`.
 
 Parameter layout (paper Table 6). With HF `BertModel` (pooler included) as the language encoder, the
 full open_clip text tower (token and position embeddings, transformer, ln_final, `text_projection`
@@ -20,7 +20,9 @@ Decisions this file takes (the paper does not say):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -329,6 +331,33 @@ class XDBertModel(nn.Module):
         out[f"{name}_loss"] = F.cross_entropy(logits.float(), wanted)
         out[f"{name}_count"] = _count(positions.numel(), hidden.device)
         out[f"{name}_correct"] = (logits.argmax(-1) == wanted).sum().detach()
+
+
+@contextlib.contextmanager
+def clip_path_cut(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block, the language stream's cross-attention sees CLIP's keys and values as zeros, in
+    every cross layer of `model` (an `XDBertModel`, or a module holding one such as the finetuning kind
+    `full`). The attended values are then exactly 0, so the language outputs no longer depend on the CLIP
+    input at all, and no gradient reaches the CLIP side from them.
+
+    Why it exists: gate B of the mechanism study (issue 55) must be shown able to fail, by printing FAIL
+    with this path cut; tests/test_cross_path.py shows a label that only the CLIP input carries is learned
+    through the path and not without it. Forward hooks, removed on exit, so a model never cut runs the same
+    code and gives the same bits. The CLIP stream's own attention to the language is left as it is.
+    """
+    attentions = [layer.language_cross.attention for layer in model.modules() if isinstance(layer, CrossModalLayer)]
+    if not attentions:
+        raise ValueError(f"{type(model).__name__} has no cross-modal layers: there is no CLIP path to cut")
+    handles = [linear.register_forward_hook(_zeros) for a in attentions for linear in (a.key, a.value)]
+    try:
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _zeros(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(output)  # a forward hook's return value replaces the module's output
 
 
 def target_positions(labels: torch.Tensor) -> torch.Tensor:
