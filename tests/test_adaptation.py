@@ -23,6 +23,7 @@ from transformers import AutoModel, AutoTokenizer
 from xdbert import training
 from xdbert.adaptation.loop import BatchMaker, adapt, evaluate, weighted_loss
 from xdbert.adaptation.settings import AdaptSettings
+from xdbert.clip import clip_block_mask
 from xdbert.data import shards
 from xdbert.data.corpus import write_corpus
 from xdbert.data.synthetic.documents import generate_corpus
@@ -39,7 +40,7 @@ from xdbert.profiles import values
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
 CLIP = "xdbert-tiny"
-EOT = 49407  # CLIP BPE's <|endoftext|>
+SOT, EOT = 49406, 49407  # CLIP BPE's <|startoftext|> and <|endoftext|>
 LOSSES = ["mlm", "match", "cliptc"]
 TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
              "max_position_embeddings": 64}
@@ -226,6 +227,24 @@ def test_loss_weights_scale_each_objective_in_the_trained_loss(data):
         return model.match_head.classifier.weight.grad.clone()  # only MATCH reaches the MATCH head
 
     assert torch.allclose(match_head_grad({"match": 5.0}), 5 * match_head_grad(None), rtol=1e-4, atol=1e-7)
+
+
+def test_a_distill_variant_adapts_on_the_shards_alignment(data, tmp_path):
+    """Issue 55's control end to end: the shards' alignment gives targets on real CLIP content tokens, and the
+    loop logs its loss, held out too, with no accuracy."""
+    s = settings(losses=[*LOSSES, "distill"], loss_weights={"distill": 1.0}, epochs=1)
+    batch = make_batch(data, s)(data[0][np.arange(8)], torch.Generator().manual_seed(0))
+    labels = batch["distill_labels"]
+    assert (labels >= 0).sum() > 20
+    clip = batch["clip_ids"].reshape(len(labels), -1)
+    real = clip_block_mask(batch["clip_ids"], EOT).reshape(len(labels), -1)
+    targets = torch.gather(clip, 1, labels.clamp(min=0))[labels >= 0]
+    assert torch.gather(real, 1, labels.clamp(min=0))[labels >= 0].all() and not torch.isin(targets, torch.tensor([SOT, EOT])).any()
+    torch.manual_seed(0)
+    model = XDBertModel.build(dataclasses.replace(config(data), losses=s.losses))
+    metrics = adapt(model, Subset(data[0], np.arange(8)), data[1], make_batch(data, s), s, tmp_path / "distill.pt")
+    assert 0 < metrics["train_distill_loss"] < 2 and 0 < metrics["valid_distill_loss"] < 2
+    assert "valid_distill_accuracy" not in metrics and "valid_cliptc_accuracy" in metrics
 
 
 def test_learning_rate_follows_warmup_then_linear_decay(trained):
@@ -461,14 +480,14 @@ ERRORS = {
     "ablation_of_another_family": ("electra/mlm", TWO_FAMILIES, False,
                                    ["ablation variant 'mlm' is adapted on `adapt.family` (bert) only", "xdbert and baseline"]),
     "bad_family_decay": ("xdbert", {"families.bert.layer_lr_decay": 0}, False, ["`families.bert.layer_lr_decay` must be in (0, 1]"]),
-    "empty_losses": ("xdbert", {"adapt.losses": []}, False, ["`adapt.losses` is empty", "mlm, match, cliptc"]),
-    "unknown_loss": ("xdbert", {"adapt.losses": ["mlm", "itm"]}, False, ["`adapt.losses`", "'itm'", "allowed: mlm, match, cliptc"]),
+    "empty_losses": ("xdbert", {"adapt.losses": []}, False, ["`adapt.losses` is empty", "mlm, match, cliptc, distill"]),
+    "unknown_loss": ("xdbert", {"adapt.losses": ["mlm", "itm"]}, False, ["`adapt.losses`", "'itm'", "allowed: mlm, match, cliptc, distill"]),
     "zero_epochs": ("xdbert", {"adapt.epochs": 0}, False, ["`adapt.epochs` must be a positive integer; got 0"]),
     "variant_epochs": ("two_epochs", {"adapt.variants.two_epochs": {"epochs": 0}}, False,
                        ["`adapt.variants.two_epochs.epochs` must be a positive integer; got 0"]),
     "negative_lr": ("xdbert", {"adapt.lr": -1}, False, ["`adapt.lr` must be a positive number; got -1"]),
     "unknown_loss_weight": ("xdbert", {"adapt.loss_weights": {"mlm": 1.0, "itm": 2.0}}, False,
-                            ["`adapt.loss_weights` names itm, which is not a loss; allowed: mlm, match, cliptc"]),
+                            ["`adapt.loss_weights` names itm, which is not a loss; allowed: mlm, match, cliptc, distill"]),
     "zero_loss_weight": ("mlm_match", {"adapt.variants.mlm_match": {"loss_weights": {"match": 0}}}, False,
                          ["`adapt.variants.mlm_match.loss_weights.match` must be a positive number; got 0"]),
     "negative_init_range": ("xdbert", {"adapt.init_range": -0.02}, False, ["`adapt.init_range` must be a positive number; got -0.02"]),

@@ -466,14 +466,14 @@ def test_placeholder_replaces_clip():
     out = model.train()(**b)
     out["loss"].backward()
     assert model.placeholder.grad is not None and model.placeholder.grad.abs().sum() > 0
-    for losses in (["mlm", "cliptc"], ["mlm", "match"]):
+    for losses in (["mlm", "cliptc"], ["mlm", "match"], ["mlm", "distill"]):
         with pytest.raises(ValueError, match="placeholder"):
             tiny_model(losses=losses, placeholder=True)
 
 
 @pytest.mark.parametrize("losses", [[], ["mlm", "vc"], ["mlm", "mlm"], "mlm"])
 def test_bad_losses_are_rejected(losses):
-    with pytest.raises(ValueError, match="mlm, match, cliptc"):
+    with pytest.raises(ValueError, match="mlm, match, cliptc, distill"):
         tiny_config(losses=losses).validate()
 
 

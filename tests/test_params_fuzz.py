@@ -36,7 +36,7 @@ from xdbert.data.tasks.registry import TASK_NAMES
 from xdbert.data.tokenization.vocab import encoder_positions as positions_of
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import Study
-from xdbert.model import LOSSES
+from xdbert.model import LOSSES, PAPER_LOSSES
 from xdbert.model.settings import FAMILY_KEYS
 
 FUZZ = {"wrong_type": 2, "out_of_range": 2, "unknown_key": 30, "valid": 2}  # examples per key (per test for unknown_key)
@@ -251,7 +251,7 @@ SCHEMA: dict[str, Spec] = {
     "adapt.clip_heads": pos_int(16),
     "adapt.placeholder": spec(st.booleans(), wrong("bool"), lambda p, path: None if path[1] != "placeholder" else st.just(True)),
     "adapt.freeze_clip": FLAG, "adapt.mlm_negatives": FLAG, "adapt.compile": FLAG,
-    **{f"adapt.loss_weights.{name}": pos_float(100.0) for name in LOSSES},
+    **{f"adapt.loss_weights.{name}": pos_float(100.0) for name in PAPER_LOSSES},  # the profiles name no distill weight
     "adapt.init_range": spec(st.one_of(st.none(), st.floats(1e-5, 1.0)), wrong("int", "float", "none"), NOT_POSITIVE),
     "adapt.cliptc_vocab": choice("full", "shards"),
     "adapt.epochs": pos_int(50), "adapt.lr": pos_float(),
@@ -361,6 +361,8 @@ def rules_kept(p: dict) -> bool:
                 or ("match" in s["losses"] and s["micro_batch_size"] < 2):
             return False
         if s["cross_layers"] == 0 and (s["losses"] != ["mlm"] or s["placeholder"]):
+            return False
+        if "distill" in s["losses"] and (s["placeholder"] or "distill" not in (s["loss_weights"] or {})):
             return False
     cfg = m["encoder_config"] or {}
     if cfg.get("hidden_size", 1) % cfg.get("num_attention_heads", 1) or p["tokenize"]["max_len"] > (encoder_positions(p) or 32767):
@@ -562,7 +564,7 @@ def test_the_command_exits_2_with_one_line_and_writes_nothing(workdir):
     text = profiles.render("embedded").replace("    mlm: {losses: [mlm]}", "    mlm: {losses: mlm}")
     r = xdbert_check(text)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
-    assert r.stderr.splitlines() == ["error: `adapt.variants.mlm.losses` must be a list drawn from: mlm, match, cliptc; got 'mlm'"]
+    assert r.stderr.splitlines() == ["error: `adapt.variants.mlm.losses` must be a list drawn from: mlm, match, cliptc, distill; got 'mlm'"]
     r = xdbert_check(profiles.render("embedded").replace("  n_boot: 200", "  n_boot: 200\n  n_boots: 10"))
     assert r.returncode == 2 and r.stderr.splitlines() == [
         "error: unknown param `aggregate.n_boots` (did you mean `aggregate.n_boot`?); `aggregate` has: n_boot, seed"]

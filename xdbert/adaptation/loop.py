@@ -1,4 +1,4 @@
-"""The adaptation loop: train the cross-modal ensemble on token windows with MLM, MATCH and CLIPTC.
+"""The adaptation loop: train the cross-modal ensemble on token windows with MLM, MATCH and CLIPTC (and distill).
 
 One optimizer step sees `batch_size` windows (the paper: 256), split into micro-batches whose gradients
 are accumulated. `accelerate` places the model and, when the stage runs in several processes (one per
@@ -23,14 +23,14 @@ from tqdm.auto import tqdm
 from xdbert import training
 from xdbert.adaptation import masking
 from xdbert.adaptation.settings import AdaptSettings
-from xdbert.model import LOSSES
+from xdbert.model import LOSSES, UNSCORED
 from xdbert.model.modeling import locate
 
 MAX_GRAD_NORM = 1.0  # gradient clipping, as BERT's pretraining
 
 
 class BatchMaker:
-    """Turns shard rows into a training batch: MLM masking, MATCH negatives and CLIPTC targets, and where
+    """Turns shard rows into a training batch: MLM masking, MATCH negatives, CLIPTC and distill targets, and where
     the batch's CLIP tokens and targets are (`locate`: found here, on the host, the model's forward reads
     nothing of its data on the GPU)."""
 
@@ -44,6 +44,8 @@ class BatchMaker:
             "bert_mask": torch.from_numpy(rows["bert_mask"].astype(np.int64)),
             "clip_ids": torch.from_numpy(rows["clip_ids"].astype(np.int64)).view(len(rows["clip_ids"]), self.n_blocks, -1),
         }
+        if "distill" in self.s.losses:  # the alignment, read only where a loss uses it
+            batch |= {k: torch.from_numpy(rows[k].astype(np.int64)) for k in ("align_start", "align_end")}
         batch = masking.adaptation_inputs(batch, self.s.losses, gen, mlm_prob=self.s.mlm_prob,
                                           match_prob=self.s.match_prob, cliptc_prob=self.s.cliptc_prob,
                                           mlm_negatives=self.s.mlm_negatives, **self.token_ids)
@@ -68,7 +70,8 @@ def _sum_counts(out: dict, totals: dict) -> None:
         if f"{name}_count" in out:
             n = out[f"{name}_count"].double()
             _add(totals, f"{name}_count", n)
-            _add(totals, f"{name}_correct", out[f"{name}_correct"].double())
+            if name not in UNSCORED:
+                _add(totals, f"{name}_correct", out[f"{name}_correct"].double())
             _add(totals, f"{name}_loss_sum", out[f"{name}_loss"].detach().double() * n)
 
 
@@ -79,7 +82,8 @@ def _add(totals: dict, key: str, value: torch.Tensor) -> None:
 def read_counts(totals: dict, losses, device, accelerator: Accelerator | None = None) -> dict:
     """The summed counts (and `loss`, the step's summed loss) as floats, over every process with
     `accelerator`: one read from the device, so each process's metrics cover the whole batch."""
-    keys = ["loss"] + [f"{name}_{part}" for name in losses for part in ("count", "correct", "loss_sum")]
+    keys = ["loss"] + [f"{name}_{part}" for name in losses for part in ("count", "correct", "loss_sum")
+                       if not (part == "correct" and name in UNSCORED)]
     zero = torch.zeros((), dtype=torch.float64, device=device)
     summed = torch.stack([totals.get(k, zero).to(torch.float64) for k in keys])
     if accelerator is not None and accelerator.num_processes > 1:
@@ -94,7 +98,8 @@ def summarize(totals: dict) -> dict:
         n = totals.get(f"{name}_count", 0)
         if n:
             m[f"{name}_loss"] = totals[f"{name}_loss_sum"] / n
-            m[f"{name}_accuracy"] = totals[f"{name}_correct"] / n
+            if name not in UNSCORED:
+                m[f"{name}_accuracy"] = totals[f"{name}_correct"] / n
     if "mlm_loss" in m:
         m["mlm_perplexity"] = math.exp(min(m["mlm_loss"], 50.0))
     return m

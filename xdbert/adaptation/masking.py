@@ -1,11 +1,13 @@
-"""Targets of the three adaptation losses, drawn per batch: MLM masking, MATCH negatives, CLIPTC targets.
+"""Targets of the adaptation losses, drawn per batch: MLM masking, MATCH negatives, CLIPTC targets, and
+the distill control's aligned CLIP positions (drawn from nothing: no random number).
 
 All functions are pure tensor operations (no Python loop over tokens or windows) and deterministic
 given a `torch.Generator`. Random numbers are drawn on the generator's device and moved to the ids'
 device, so the same generator gives the same batch on CPU and GPU.
 
 Order for one adaptation batch (see `adaptation_inputs`): MATCH negatives first, then CLIPTC targets
-on the CLIP text actually fed to the model, then MLM masking of the BERT side (CLIP is never masked).
+on the CLIP text actually fed to the model, then MLM masking of the BERT side (CLIP is never masked),
+then the distill targets, which read the MATCH labels and the MLM targets.
 """
 from __future__ import annotations
 
@@ -95,6 +97,23 @@ def cliptc_targets(clip_ids: torch.Tensor, mask: torch.Tensor, generator: torch.
     return torch.where(chosen, clip_ids, torch.full_like(clip_ids, IGNORE_INDEX))
 
 
+def distill_targets(align_start: torch.Tensor, align_end: torch.Tensor, bert_mask: torch.Tensor,
+                    own: torch.Tensor | None = None, mlm_labels: torch.Tensor | None = None) -> torch.Tensor:
+    """The distill control's targets: for each real BERT token aligned with CLIP tokens, the flat CLIP position
+    of the last of them (`align_end - 1`), -100 elsewhere; (B, L) like the ids.
+
+    The last: a causal tower's state there has read the whole of the token's text. Only windows whose CLIP text
+    is their own (`own`, MATCH label 1; None: every window), and no MLM target (`mlm_labels`), whose input is
+    [MASK] or another word: the encoder is pulled towards CLIP's state of the word it reads.
+    """
+    aligned = bert_mask.bool() & (align_start >= 0) & (align_end > align_start)
+    if own is not None:
+        aligned &= own.bool().unsqueeze(1)
+    if mlm_labels is not None:
+        aligned &= mlm_labels == IGNORE_INDEX
+    return torch.where(aligned, align_end.long() - 1, torch.full_like(align_end, IGNORE_INDEX, dtype=torch.long))
+
+
 def adaptation_inputs(batch: Mapping[str, torch.Tensor], losses: Iterable[str], generator: torch.Generator, *,
                       vocab_size: int, special_ids: Iterable[int], mask_id: int, eot_id: int,
                       mlm_prob: float = 0.15, match_prob: float = 0.5, cliptc_prob: float = 0.15,
@@ -106,6 +125,8 @@ def adaptation_inputs(batch: Mapping[str, torch.Tensor], losses: Iterable[str], 
     is wrong in half of the windows. On bench/alignment_steps.py's toy data that stops random cross
     layers from ever lining the towers up (neither copying nor MATCH within 6,000 steps); without them
     MATCH passes 0.6 at step 750.
+
+    `distill` reads the batch's `align_start` and `align_end` (the shards' columns).
     """
     losses = set(losses)
     bert_ids, bert_mask, clip_ids = batch["bert_ids"], batch["bert_mask"], batch.get("clip_ids")
@@ -121,5 +142,8 @@ def adaptation_inputs(batch: Mapping[str, torch.Tensor], losses: Iterable[str], 
         if not mlm_negatives and "match_labels" in out:
             own = out["match_labels"].bool().unsqueeze(1)
             out["mlm_labels"] = torch.where(own, out["mlm_labels"], torch.full_like(out["mlm_labels"], IGNORE_INDEX))
+    if "distill" in losses:
+        out["distill_labels"] = distill_targets(batch["align_start"], batch["align_end"], bert_mask,
+                                                out.get("match_labels"), out.get("mlm_labels"))
     return out
 

@@ -161,6 +161,9 @@ class AdaptSettings:
         if cross == 0 and (s["losses"] != ["mlm"] or s["placeholder"]):
             raise PipelineError(f"`{key_of('cross_layers')}: 0` (the MLM-only baseline) allows only `{key_of('losses')}: [mlm]` "
                                 f"without placeholder; got losses {s['losses']}, placeholder {s['placeholder']}")
+        if s["placeholder"] and "distill" in s["losses"]:
+            raise PipelineError(f"`{key_of('placeholder')}: true` has no CLIP tower whose states distill could target; "
+                                f"use `losses: [mlm]` (got `{key_of('losses')}: {s['losses']}`)")
         if s["placeholder"] and set(s["losses"]) & {"match", "cliptc"}:
             # as the model refuses it (XDBertConfig.validate), but before the heavy imports
             raise PipelineError(f"`{key_of('placeholder')}: true` replaces the CLIP text, so losses match and cliptc are impossible; "
@@ -168,6 +171,8 @@ class AdaptSettings:
         for key in ("warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob"):
             P.fraction(s[key], key_of(key))
         for loss in s["losses"]:  # a loss in use needs targets of both kinds: MATCH's pairs, masked tokens
+            if loss == "distill":  # no share drawn: every aligned token of a window with its own CLIP text
+                continue
             key, prob = f"{loss}_prob", s[f"{loss}_prob"]
             if prob == 0 or (loss == "match" and prob == 1):
                 raise PipelineError(f"`{key_of(key)}` must be above 0{' and below 1' if loss == 'match' else ''} while "
@@ -184,6 +189,11 @@ class AdaptSettings:
                                     f"{', '.join(LOSSES)}")
             for name, w in weights.items():
                 P.positive(w, f"{key_of('loss_weights')}.{name}", float)
+        if "distill" in s["losses"] and "distill" not in (weights or {}):
+            # Named where it is used, not in the defaults: a default weight would change every stage's params.
+            # No paper sets it, and a cosine distance has no scale in common with the cross-entropies.
+            raise PipelineError(f"`{key_of('loss_weights')}` must give distill a weight while `{key_of('losses')}` has "
+                                f"distill; got {weights!r}")
         if s["init_range"] is not None:
             P.positive(s["init_range"], key_of("init_range"), float)
         P.non_negative(s["seed"], key_of("seed"))

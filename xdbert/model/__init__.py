@@ -5,5 +5,7 @@ layers and pretraining heads), `modeling` (`XDBertConfig`, `XDBertModel`), `savi
 `adapt` variant trains, from params). `settings` holds the `model` section and imports nothing heavy.
 """
 
-LOSSES = ("mlm", "match", "cliptc")  # the adaptation objectives, in the order every report lists them
+LOSSES = ("mlm", "match", "cliptc", "distill")  # the adaptation objectives, in the order every report lists them
+PAPER_LOSSES = LOSSES[:3]  # the paper's; `distill` is the mechanism study's encoder-side control, never a default
+UNSCORED = ("distill",)  # objectives without an accuracy: a cosine distance has no right answer to count
 IGNORE_INDEX = -100  # label of positions without a target, as in transformers and F.cross_entropy

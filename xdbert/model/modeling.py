@@ -17,6 +17,9 @@ Decisions this file takes (the paper does not say):
   no loss reaches them, so they are frozen; so is the encoder's pooler during adaptation.
 - CLIP's causal mask is kept inside the tower, so padding is masked in the cross layers only.
 - New modules (cross layers, heads, placeholder) start like BERT's: normal(0, initializer_range).
+- `distill` (the mechanism study's encoder-side control, off by default): a linear map from the encoder's
+  token states before the cross layers to CLIP's width, pulled by 1 - cosine towards the CLIP tower's
+  states, detached, at each token's aligned CLIP position (`xdbert.adaptation.masking.distill_targets`).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from xdbert.clip import check_name, clip_block_mask
-from xdbert.model import IGNORE_INDEX, LOSSES
+from xdbert.model import IGNORE_INDEX, LOSSES, PAPER_LOSSES
 from xdbert.model.clip_tower import CLIPTextTower, ClipLayout
 from xdbert.model.encoders import build_language_encoder, load_pretrained_mlm_head
 from xdbert.model.layers import CrossModalLayer, MaskedTokenHead, MatchHead
@@ -53,7 +56,7 @@ class XDBertConfig:
     clip_heads: int = 8                          # heads of the CLIP stream in the cross layers
     clip_blocks: int = 9                         # blocks of 77 per window (placeholder length)
     cross_layers: int = 2
-    losses: list = field(default_factory=lambda: list(LOSSES))
+    losses: list = field(default_factory=lambda: list(PAPER_LOSSES))
     placeholder: bool = False                    # replace CLIP by a learned sequence (control run)
     clip_eot_id: int = 49407                     # CLIP BPE's <|endoftext|>; the CLIP mask is built from it
     init_range: float | None = None              # std of the new modules' normal init; None = the encoder's initializer_range
@@ -92,11 +95,13 @@ class XDBertConfig:
             # CLIPTC has no CLIP tokens to reconstruct; MATCH could only read the CLIP text's length
             # from the mask, which would make the control learn from a leak instead of from CLIP.
             raise ValueError(f"`placeholder: true` replaces the CLIP text, so losses cliptc and match are impossible; use `losses: [mlm]` (got {self.losses})")
+        if self.placeholder and "distill" in self.losses:
+            raise ValueError(f"`placeholder: true` has no CLIP tower whose states distill could target; use `losses: [mlm]` (got {self.losses})")
         return self
 
 
 class XDBertModel(nn.Module):
-    """Language encoder + CLIP text tower + cross-modal layers + MLM / MATCH / CLIPTC heads.
+    """Language encoder + CLIP text tower + cross-modal layers + MLM / MATCH / CLIPTC heads (+ the distill map).
 
     `XDBertModel.build(config)` loads or creates the parts named in the config; the constructor only
     assembles given parts (used by `load_full`, which fills them from a saved state).
@@ -151,6 +156,10 @@ class XDBertModel(nn.Module):
                 _init_bert_style(head.dense, std, generator)
                 _init_bert_style(head.layer_norm, std, generator)
                 nn.init.zeros_(head.bias)
+        # Built last, from a generator of its own: the other parts and the global RNG's draws before it are
+        # those of a model without it.
+        self.distill_map = nn.Linear(width, clip_width) if "distill" in self.losses else None
+        _init_bert_style(self.distill_map, std, part_generator("distill_map"))
         # The pooler is not on any loss path (MATCH has its own); frozen so DDP and optimizers skip it.
         # It is still saved by `save_adapted`, unchanged, for finetuning.
         pooler = getattr(encoder, "pooler", None)
@@ -196,7 +205,7 @@ class XDBertModel(nn.Module):
     def strip_heads(self) -> "XDBertModel":
         """Drop the pretraining heads (finetuning the full model, Table 8, needs only `encode`), so no
         parameter is left that no loss reaches. `forward` then computes no loss."""
-        self.mlm_head = self.match_head = self.cliptc_head = None
+        self.mlm_head = self.match_head = self.cliptc_head = self.distill_map = None
         return self
 
     # -- forward ---------------------------------------------------------------------------------
@@ -226,13 +235,25 @@ class XDBertModel(nn.Module):
         None (see `CrossModalLayer`). `clip_layout`: `ClipLayout.of` the CLIP mask, found on the host."""
         if language_cls_only and output_attentions:
             raise ValueError("language_cls_only skips the last layer's CLIP stream: it cannot return its attention maps")
+        streams = self._streams(bert_ids, bert_mask, clip_ids, token_type_ids, clip_layout)
+        return self._cross(*streams, bert_mask, output_attentions, language_cls_only, clip_output)
+
+    def _streams(self, bert_ids, bert_mask, clip_ids, token_type_ids=None, clip_layout=None):
+        """(language, clip, clip_mask, layout): the encoder's and the CLIP tower's states before the cross
+        layers, every CLIP position kept; the CLIP three are None without cross layers."""
         types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}  # not every encoder takes them
         language = self.encoder(input_ids=bert_ids, attention_mask=bert_mask, **types).last_hidden_state
         if not self.config.uses_clip:
-            return language, None, None, [], None
+            return language, None, None, None
         if clip_ids is None:
             raise ValueError("this model has cross layers: clip_ids are required")
-        clip, clip_mask, layout = self._clip_stream(clip_ids, clip_layout)
+        return language, *self._clip_stream(clip_ids, clip_layout)
+
+    def _cross(self, language, clip, clip_mask, layout, bert_mask, output_attentions=False, language_cls_only=False,
+               clip_output=True):
+        """`_encode`'s result from `_streams`' states: the cross layers run over them."""
+        if not self.config.uses_clip:
+            return language, None, None, [], None
         # Positions that hold no token in any window of the batch are dropped before the cross layers: as
         # keys they are masked and their own states are never read, so only the cost changes. A finetuning
         # sentence fills about 20 of its block's 77 positions, so this is most of the work. Attention maps
@@ -272,7 +293,8 @@ class XDBertModel(nn.Module):
                 mlm_labels: torch.Tensor | None = None, match_labels: torch.Tensor | None = None,
                 cliptc_labels: torch.Tensor | None = None, output_attentions: bool = False,
                 clip_layout: ClipLayout | None = None, mlm_positions: torch.Tensor | None = None,
-                cliptc_positions: torch.Tensor | None = None) -> dict[str, Any]:
+                cliptc_positions: torch.Tensor | None = None, distill_labels: torch.Tensor | None = None,
+                distill_positions: torch.Tensor | None = None) -> dict[str, Any]:
         """Losses of the enabled objectives whose labels are given, and their accuracy counts.
 
         Returns `loss` (unweighted sum; absent when no labels were given), `<name>_loss`,
@@ -281,13 +303,16 @@ class XDBertModel(nn.Module):
         Labels of objectives not in `config.losses` are ignored, so one batch format serves all variants.
 
         Found on the host with the batch (`locate`), these spare the forward every read of the device's
-        data: `clip_layout` (`ClipLayout.of` the CLIP mask), `mlm_positions` (`target_positions(mlm_labels)`)
-        and `cliptc_positions` (`target_positions` of the CLIPTC labels at `clip_layout.kept`'s positions).
+        data: `clip_layout` (`ClipLayout.of` the CLIP mask), `mlm_positions` (`target_positions(mlm_labels)`),
+        `cliptc_positions` (`target_positions` of the CLIPTC labels at `clip_layout.kept`'s positions) and
+        `distill_positions` (`target_positions(distill_labels)`). `distill_labels` (B, L): the flat CLIP position
+        each BERT token is pulled towards, -100 where none (`xdbert.adaptation.masking.distill_targets`).
         """
         if output_attentions and cliptc_positions is not None and clip_layout is not None and clip_layout.kept is not None:
             raise ValueError("with output_attentions every CLIP position is kept: cliptc_positions index only clip_layout.kept's")
-        language, clip, _, attentions, kept = self._encode(bert_ids, bert_mask, clip_ids, output_attentions,
-                                                           clip_output=self.cliptc_head is not None, clip_layout=clip_layout)
+        streams = self._streams(bert_ids, bert_mask, clip_ids, clip_layout=clip_layout)
+        language, clip, _, attentions, kept = self._cross(*streams, bert_mask, output_attentions,
+                                                          clip_output=self.cliptc_head is not None)
         out: dict[str, Any] = {}
         total = []
         if self.mlm_head is not None and mlm_labels is not None:
@@ -303,11 +328,31 @@ class XDBertModel(nn.Module):
             self._token_loss(out, "cliptc", self.cliptc_head, clip, _kept_labels(cliptc_labels, kept), cliptc_positions,
                              self.cliptc_classes, self.cliptc_class_of)
             total.append(out["cliptc_loss"])
+        if self.distill_map is not None and distill_labels is not None:
+            self._distill_loss(out, streams[0], streams[1], distill_labels, distill_positions)
+            total.append(out["distill_loss"])
         if total:
             out["loss"] = torch.stack(total).sum()
         if output_attentions:
             out["cross_attentions"] = attentions
         return out
+
+    def _distill_loss(self, out: dict, language: torch.Tensor, clip: torch.Tensor, labels: torch.Tensor,
+                      positions: torch.Tensor | None = None) -> None:
+        """1 - cosine between the mapped encoder state of each target token (before the cross layers, (B, L, H))
+        and the CLIP tower's state at its label's position ((B, n_blocks*context, W), every position kept),
+        averaged over the targets. The CLIP states are targets, detached: this loss trains the encoder and
+        the map alone."""
+        if positions is None:
+            positions = target_positions(labels)
+        rows = language.reshape(-1, language.shape[-1]).index_select(0, positions)
+        # each target's row among the batch's CLIP states: its window's first row plus its label
+        clip_rows = (positions // labels.shape[1]) * clip.shape[1] + labels.reshape(-1).index_select(0, positions)
+        targets = clip.detach().reshape(-1, clip.shape[-1]).index_select(0, clip_rows)
+        distance = 1 - F.cosine_similarity(self.distill_map(rows).float(), targets.float(), dim=-1)
+        # a sum over at least one: no targets give 0 with zero gradients (a mean of nothing is NaN)
+        out["distill_loss"] = distance.sum() / max(positions.numel(), 1)
+        out["distill_count"] = _count(positions.numel(), language.device)
 
     @staticmethod
     def _token_loss(out: dict, name: str, head: MaskedTokenHead, hidden: torch.Tensor, labels: torch.Tensor,
@@ -366,10 +411,10 @@ def target_positions(labels: torch.Tensor) -> torch.Tensor:
 
 
 def locate(batch: dict, eot_id: int, multiple: int = 1) -> dict:
-    """Where a batch's CLIP tokens and targets are, as `forward` takes them: `clip_layout`, `mlm_positions`
-    and `cliptc_positions`, for a batch of its inputs and labels. The adaptation batches call it on the
-    host, where reading them costs nothing; the model itself would wait for the GPU at each. `multiple`:
-    the layout's rounding (`ClipLayout.of`)."""
+    """Where a batch's CLIP tokens and targets are, as `forward` takes them: `clip_layout`, `mlm_positions`,
+    `cliptc_positions` and `distill_positions`, for a batch of its inputs and labels. The adaptation batches
+    call it on the host, where reading them costs nothing; the model itself would wait for the GPU at each.
+    `multiple`: the layout's rounding (`ClipLayout.of`)."""
     out: dict = {}
     if batch.get("clip_ids") is not None:
         layout = out["clip_layout"] = ClipLayout.of(clip_block_mask(batch["clip_ids"], eot_id), multiple)
@@ -377,6 +422,8 @@ def locate(batch: dict, eot_id: int, multiple: int = 1) -> dict:
             out["cliptc_positions"] = target_positions(_kept_labels(batch["cliptc_labels"], layout.kept))
     if batch.get("mlm_labels") is not None:
         out["mlm_positions"] = target_positions(batch["mlm_labels"])
+    if batch.get("distill_labels") is not None:
+        out["distill_positions"] = target_positions(batch["distill_labels"])
     return out
 
 
@@ -396,7 +443,7 @@ def _count(n: int, device: torch.device) -> torch.Tensor:
 # (`torch.initial_seed()`, which `build_xdbert` sets to `model.seed`) and the part's name. So the parts two
 # variants share start identical (Table 3 compares losses, not initialisations), whatever else each builds
 # first: a CLIP tower or a placeholder, other heads, one cross layer or two (the first is the same).
-PART_SEEDS = {"cross_layers": 1, "match_head": 2, "mlm_head": 3, "cliptc_head": 4, "placeholder": 5}
+PART_SEEDS = {"cross_layers": 1, "match_head": 2, "mlm_head": 3, "cliptc_head": 4, "placeholder": 5, "distill_map": 6}
 
 
 def part_generator(part: str) -> torch.Generator:
