@@ -1,19 +1,20 @@
 """Stage `grounding`: paper Figure 4 and Appendix D, the visually grounded ratio of improved/worsened examples.
 
     deps:   results/finetune (the runs <adapt.family>/<baseline|model> of each task), data/tasks, models/tokenizer,
-            inputs (COCO's captions, where a file is named)
-    outs:   reports/figure4.png, reports/figure4.md, results/grounding.json,
-            data/captions (word_counts.json; captions.json in COCO's format when generated)
+            data/captions (the `captions` stage's word counts of the caption corpus)
+    outs:   reports/figure4.png, reports/figure4.md, results/grounding.json
 
-`grounding.captions`: `generated` (the embedded profile: COCO-like captions built from the corpus's
-concrete vocabulary), a `.json` file in the layout of COCO's captions_train2017.json, or a `datasets`
-id / folder (`captions_hub_split`, `captions_hub_column`). The rule is in xdbert/analysis/grounding.py.
+The caption corpus (`grounding.captions`: generated, MSCOCO's captions file or a `datasets` id) is the
+`captions` stage's (xdbert/data/captions.py); the rule is in xdbert/analysis/grounding.py.
 """
 from __future__ import annotations
+
+from collections import Counter
 
 from xdbert import io
 from xdbert import params as P
 from xdbert.analysis import grounding as G
+from xdbert.data.captions import read_word_counts
 from xdbert.paths import CAPTIONS, FIGURE4, GROUNDING_METRICS, TOKENIZER, report
 from xdbert.stage import run
 
@@ -27,6 +28,7 @@ def read(p: dict) -> tuple[str, G.GroundingSettings]:
 def main() -> None:
     profile, s = read(P.load())
     s.check_files()
+    counted = read_word_counts(CAPTIONS)
 
     from xdbert.analysis import figure4
     from xdbert.data.tokenization.vocab import load_encoder_tokenizer
@@ -34,9 +36,7 @@ def main() -> None:
 
     tokenize, prefix, specials = G.wordpiece_tokenizer(load_encoder_tokenizer(TOKENIZER))
     stopwords = G.load_stopwords(s.stopwords)
-    captions, source = s.load_captions()
-    rule = G.Grounding(tokenize, stopwords, G.caption_word_counts(captions, tokenize, prefix=prefix), s.threshold,
-                       prefix, specials)
+    rule = G.Grounding(tokenize, stopwords, Counter(counted["counts"]), s.threshold, prefix, specials)
 
     summary, ratios, examples = {}, {}, {}
     for task in s.tasks:
@@ -45,20 +45,15 @@ def main() -> None:
         if task == s.examples_task:
             examples = picked
 
-    with io.atomic_path(CAPTIONS, is_dir=True) as tmp:
-        tmp.mkdir(parents=True, exist_ok=True)
-        if s.captions == "generated":
-            G.write_coco_captions(captions, tmp / "captions.json")
-        io.write_json(tmp / "word_counts.json", {"source": source, "captions": len(captions), "counts": dict(rule.counts.most_common())})
     with io.atomic_path(FIGURE4) as tmp:
         figure4.plot_boxes(ratios, tmp, title=f"visually grounded ratio, {s.model} vs {s.baseline} ({profile} profile)")
-    io.write_json(GROUNDING_METRICS, {"profile": profile, "threshold": rule.threshold, "captions": source,
+    io.write_json(GROUNDING_METRICS, {"profile": profile, "threshold": rule.threshold, "captions": counted["source"],
                                       "grounded_words": len(rule.grounded_vocabulary), "tasks": summary})
     head = header("Figure 4: visually grounded ratio of examples XDBERT improves or worsens", profile,
                   f"`{s.model}` vs `{s.baseline}`", ", ".join(f"{t}: {v['seeds']}" for t, v in summary.items()))
     paper_note = figure4.PAPER_NOTE if profile == "paper" else ""
     io.write_text(report("figure4"), figure4.figure4_markdown(
-        head, summary, examples, s.names, figure4.rule_text(rule, source, len(captions), s.names), G.TASK_TITLES,
+        head, summary, examples, s.names, figure4.rule_text(rule, counted["source"], counted["captions"], s.names), G.TASK_TITLES,
         s.examples_task, paper_note))
     for task, t in summary.items():
         c = t["classes"]

@@ -8,6 +8,8 @@ import pytest
 from conftest import load_stage
 from xdbert.analysis import figure4
 from xdbert.analysis import grounding as G
+from xdbert.data.provided import read_coco_captions
+from xdbert.data.synthetic.words import generate_captions
 from xdbert.errors import PipelineError
 from xdbert import paths
 from xdbert.profiles import values
@@ -131,40 +133,6 @@ def test_box_plot_is_a_png(tmp_path):
     assert len(data) > 10_000
 
 
-def test_coco_captions_roundtrip_and_missing(tmp_path):
-    caps = G.generate_captions(50, seed=3)
-    assert caps == G.generate_captions(50, seed=3) and caps != G.generate_captions(50, seed=4)
-    G.write_coco_captions(caps, tmp_path / "c.json")
-    assert G.read_coco_captions(tmp_path / "c.json") == caps
-    with pytest.raises(PipelineError, match="missing caption file"):
-        G.read_coco_captions(tmp_path / "none.json")
-    (tmp_path / "bad.json").write_text(json.dumps({"images": []}))
-    with pytest.raises(PipelineError, match="not a COCO captions file"):
-        G.read_coco_captions(tmp_path / "bad.json")
-    (tmp_path / "odd.json").write_text(json.dumps({"annotations": [{"caption": "a dog"}, {"caption": 5}]}))
-    with pytest.raises(PipelineError, match="not a COCO captions file: every `caption` is a string; got 5"):
-        G.read_coco_captions(tmp_path / "odd.json")
-
-
-def test_generated_captions_ground_concrete_not_abstract_words():
-    from xdbert.data.synthetic import words as C
-
-    caps = G.generate_captions(3000, seed=0)
-    words = {w.strip(".") for c in caps for w in c.split()}
-    assert {"kite", "dog", "park", "red", "holding"} <= words
-    assert not set(C.ABSTRACT_NOUNS) & words and "council" not in words
-
-
-def test_hub_caption_loader_on_local_files(tmp_path):
-    folder = tmp_path / "coco_captions"
-    folder.mkdir()
-    rows = [{"image_id": 1, "captions": ["a dog on a beach", "a brown dog"]}, {"image_id": 2, "captions": ["a red kite"]}]
-    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert G.load_hub_captions(str(folder), "train", "captions") == ["a dog on a beach", "a brown dog", "a red kite"]
-    with pytest.raises(PipelineError, match="no column `caption`.*captions"):
-        G.load_hub_captions(str(folder), "train", "caption")
-
-
 # ----------------------------------------------------------------------------------------------------
 # The stage, end to end on generated tasks, a trained WordPiece tokenizer and hand-made predictions
 # ----------------------------------------------------------------------------------------------------
@@ -179,7 +147,7 @@ def test_stage_writes_figure4(tmp_path, monkeypatch):
     tasks = ("rte", "mrpc", "cola")
     tables = {t: generate_task(t, 10, 40, 0) for t in tasks}
     write_tasks(tables, tmp_path / "data" / "tasks", "generated")
-    texts = G.generate_captions(500, 1) + [x for t in tables.values() for x in t["dev"].column("text_a").to_pylist()]
+    texts = generate_captions(500, 1) + [x for t in tables.values() for x in t["dev"].column("text_a").to_pylist()]
     train_wordpiece(texts, 1500, 128).save_pretrained(tmp_path / "models" / "tokenizer")
     rng = np.random.default_rng(0)
     extra = {}
@@ -196,9 +164,13 @@ def test_stage_writes_figure4(tmp_path, monkeypatch):
               "families": {"tiny": {"label": "Tiny", "size": "base", "layer_lr_decay": 1.0}}, "grounding": {
         "tasks": list(tasks), "baseline": "baseline", "model": "xdbert", "threshold": 20, "captions": "generated",
         "captions_hub_split": "train", "captions_hub_column": "caption", "n_captions": 3000, "seed": 0,
-        "stopwords": "", "examples_task": "rte", "examples_per_class": 2}}
+        "stopwords": "", "examples_task": "rte", "examples_per_class": 2},
+        "mechanism": {**values("embedded")["mechanism"], "enabled": False}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(tmp_path)
+    with pytest.raises(PipelineError, match=r"missing data/captions/word_counts.json: run `dvc repro captions`"):
+        load_stage("grounding").main()
+    load_stage("captions").main()  # the caption corpus's word counts, which grounding reads
     load_stage("grounding").main()
 
     out = json.loads((tmp_path / "results" / "grounding.json").read_text())
@@ -209,7 +181,7 @@ def test_stage_writes_figure4(tmp_path, monkeypatch):
     assert (tmp_path / "reports" / "figure4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (tmp_path / "reports" / "figure4.md").read_text()
     assert "| RTE | 3 | 40 |" in md and f"{extra['rte']:+d}" in md and "**" in md and "### worsened" in md
-    assert G.read_coco_captions(tmp_path / "data" / "captions" / "captions.json") == G.generate_captions(3000, 0)
+    assert read_coco_captions(tmp_path / "data" / "captions" / "captions.json") == generate_captions(3000, 0)
 
     (tmp_path / "results" / "finetune" / "mrpc" / "tiny" / "xdbert" / "predictions.parquet").unlink()
     with pytest.raises(PipelineError, match=r"missing results/finetune/mrpc/tiny/xdbert/predictions.parquet: .* runs of tiny there: baseline$"):
@@ -217,7 +189,8 @@ def test_stage_writes_figure4(tmp_path, monkeypatch):
     params["grounding"]["captions"] = "coco/captions_train2017.json"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(PipelineError, match="missing caption file coco/captions_train2017.json"):
-        load_stage("grounding").main()
+        load_stage("captions").main()
+    assert read_coco_captions(tmp_path / "data" / "captions" / "captions.json") == generate_captions(3000, 0)  # kept
 
 
 def test_extreme_examples_pick_largest_changes():
@@ -253,24 +226,9 @@ def predictions_present(tmp_path, monkeypatch):
 def test_settings_from_the_embedded_profile(predictions_present):
     s = G.GroundingSettings.from_params(values("embedded"))
     assert s.tasks == ("rte", "mrpc", "cola") and s.names == ("bert/baseline", "bert/xdbert")
-    assert (s.threshold, s.captions, s.n_captions, s.seed, s.stopwords) == (100, "generated", 20000, 0, None)
-    assert s.captions_hub_split is None  # a hub dataset's keys are not kept for generated captions
-    hub = G.GroundingSettings.from_params(grounding_params(captions="coco_captions"))
-    assert (hub.captions_hub_split, hub.captions_hub_column, hub.n_captions) == ("train", "caption", None)
-    # a key the captions' kind does not read is checked all the same
-    with pytest.raises(PipelineError, match="`grounding.n_captions` must be a positive integer; got 0"):
-        G.GroundingSettings.from_params(grounding_params(captions="coco_captions", n_captions=0))
-    # without `files`, the values only (`xdbert check`): the caption file need not exist
-    coco = G.GroundingSettings.from_params(grounding_params(captions="coco/captions.json"), files=False)
-    assert (coco.captions, coco.n_captions, coco.captions_hub_split) == ("coco/captions.json", None, None)
-    with pytest.raises(PipelineError, match=r"`grounding.captions: inputs/coco/captions.txt` is neither a COCO captions "
-                                            r"\.json file nor a datasets id"):
-        G.GroundingSettings.from_params(grounding_params(captions="inputs/coco/captions.txt"), files=False)
+    assert (s.threshold, s.stopwords) == (100, None)
     with pytest.raises(PipelineError, match="`grounding.baseline` and `grounding.model` both name 'xdbert'"):
         G.GroundingSettings.from_params(grounding_params(baseline="xdbert"), files=False)
-    caps = G.generate_captions(5, 2)
-    assert G.GroundingSettings.from_params(grounding_params(n_captions=5, seed=2)).load_captions() == (
-        caps, "generated by xdbert.analysis.grounding.generate_captions (seed 2)")
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -278,11 +236,6 @@ def test_settings_from_the_embedded_profile(predictions_present):
     ({"threshold": 0}, "`grounding.threshold` must be a positive integer"),
     ({"examples_per_class": 1.5}, "`grounding.examples_per_class` must be a positive integer"),
     ({"examples_task": "qnli"}, "unknown grounding.examples_task 'qnli'; allowed: rte, mrpc, cola"),
-    ({"captions": ""}, "`grounding.captions` must be `generated`, a COCO captions .json file or a datasets id"),
-    ({"n_captions": -1}, "`grounding.n_captions` must be a positive integer"),
-    ({"seed": -1}, "`grounding.seed` must be a non-negative integer"),
-    ({"captions": "coco/captions_train2017.json"}, "missing caption file coco/captions_train2017.json"),
-    ({"captions": "coco_captions", "captions_hub_column": ""}, "`grounding.captions_hub_column` must be a non-empty string"),
     ({"model": "full"}, "missing results/finetune/rte/bert/full/predictions.parquet: `grounding.model` names a run the "
                         "finetune stage did not write for `rte`; runs of bert there: baseline, xdbert"),
     ({"model": 5}, "`grounding.model` must be a non-empty string; got 5"),

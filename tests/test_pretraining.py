@@ -240,3 +240,15 @@ def test_clip_stand_in_rejects_blocks_of_the_wrong_shape(tmp_path):
     with pytest.raises(PipelineError, match=r"blocks of shape \(N, 77\)"):
         pretraining.pretrain_clip(tiny_tower(), clip_blocks()[:, :40], 49407, settings(), tmp_path / "c.pt")
     assert not (tmp_path / "c.pt").exists()
+
+
+def test_caption_mix_keeps_every_caption_and_fills_the_share_with_corpus_blocks_in_order():
+    from xdbert.adaptation.pretraining import caption_mix
+
+    captions, corpus = torch.full((6, 77), 7), torch.arange(4)[:, None].expand(4, 77)
+    mixed = caption_mix(captions, corpus, 0.6)  # 6 captions are 60%: 4 corpus blocks
+    assert mixed.shape == (10, 77) and (mixed[:6] == 7).all() and mixed[6:, 0].tolist() == [0, 1, 2, 3]
+    assert caption_mix(captions, corpus, 0.5)[6:, 0].tolist() == [0, 1, 2, 3, 0, 1]  # wraps round the corpus
+    assert len(caption_mix(captions, corpus, 1.0)) == 6
+    with pytest.raises(ValueError, match="caption share in"):
+        caption_mix(captions, corpus, 0.0)

@@ -144,6 +144,8 @@ ABLATION_FAMILY = {"adapt.family": "only checked: it names Table 3's family, not
 CHECKED_VARIANTS = {"adapt.variants.*": "only checked: `finetune.ablations` names adapt variants"}
 CROSS_MODAL = ("clip_heads", "placeholder", "freeze_clip", "clip_tower", "mlm_negatives", "match_prob", "cliptc_prob", "cliptc_vocab")
 ADAPT_DEPS = ("data/shards", "models/tokenizer")
+MECHANISM_CHECKED = "the mechanism section is checked whole (xdbert.data.mechanism); this stage does not use the key"
+CLIP_TOWERS = ("models/pretrain_clip", "models/pretrain_clip_nofacts")  # `adapt.clip_tower` may name either
 
 STAGES: dict[str, Stage] = {
     "corpus": Stage(
@@ -158,6 +160,17 @@ STAGES: dict[str, Stage] = {
         "stages/dual_tokenize.py", deps=("data/corpus",), outs=("data/shards", "models/tokenizer"),
         unused={"model.encoder_config.*": "a random encoder's config keys are only checked; its max_position_embeddings "
                                           "bounds tokenize.max_len"}),
+    "captions": Stage(
+        "stages/captions.py", deps=("models/tokenizer", "inputs"), outs=("data/captions",),
+        unused={**reasons("mechanism", ("caption_share", "vis", "models", "full_models", "clip_towers", "control_task",
+                                        "sentences", "bow_seeds", "replication", "gates"), MECHANISM_CHECKED),
+                "tasks.names": "only checked: the mechanism's control task is one of them"}),
+    "pretrain_clip": Stage(
+        "stages/pretrain_clip.py", deps=(*ADAPT_DEPS, "data/captions"),
+        outs=("models/pretrain_clip", "models/pretrain_clip_nofacts"), metrics=("metrics/pretrain_clip.json",),
+        unused={**reasons("model", ("encoder", "encoder_config"), "the language encoder's, checked with the model section"),
+                **reasons("pretrain", ("mlm_prob", "restate_mask_prob", "max_len"), "the encoder stand-in's: in the "
+                       "settings (and the checkpoint's fingerprint), never used by the CLIP tower's training")}),
     "pretrain_encoder": Stage(
         "stages/pretrain_encoder.py", args=KEY, foreach="families", deps=("data/corpus", "models/tokenizer"),
         outs=("models/pretrain_encoder/${key}",), metrics=("metrics/pretrain_encoder/${key}.json",),
@@ -170,25 +183,20 @@ STAGES: dict[str, Stage] = {
                 **reasons("adapt", CROSS_MODAL, "the baseline has no cross-modal layers, MATCH or CLIPTC")}),
     "adapt": Stage(
         "stages/adapt.py", args=f"{KEY} xdbert", foreach="families",
-        deps=(*ADAPT_DEPS, "models/pretrain_encoder/${key}", "models/pretrain_clip"),
+        deps=(*ADAPT_DEPS, "models/pretrain_encoder/${key}", *CLIP_TOWERS),
         outs=("models/adapted/${key}/xdbert", "models/crossmodal/${key}/xdbert"),
         metrics=("metrics/adapt/${key}/xdbert.json",), plots=("dvclive/adapt/${key}/xdbert/plots/metrics",),
         unused={**CHECKED_FAMILIES, **ADAPT_KEYS, **ABLATION_FAMILY}),
     "ablate": Stage(
         "stages/adapt.py", args=f"{FAMILY} {KEY}", foreach="adapt.variants",
-        deps=(*ADAPT_DEPS, "models/pretrain_encoder/${adapt.family}", "models/pretrain_clip"),
+        deps=(*ADAPT_DEPS, "models/pretrain_encoder/${adapt.family}", *CLIP_TOWERS),
         outs=("models/adapted/${adapt.family}/${key}", "models/crossmodal/${adapt.family}/${key}"),
         metrics=("metrics/adapt/${adapt.family}/${key}.json",),
         plots=("dvclive/adapt/${adapt.family}/${key}/plots/metrics",),
         unused={**CHECKED_FAMILIES, **ADAPT_KEYS}),
-    "pretrain_clip": Stage(
-        "stages/pretrain_clip.py", deps=ADAPT_DEPS, outs=("models/pretrain_clip",), metrics=("metrics/pretrain_clip.json",),
-        unused={**reasons("model", ("encoder", "encoder_config"), "the language encoder's, checked with the model section"),
-                **reasons("pretrain", ("mlm_prob", "restate_mask_prob", "max_len"), "the encoder stand-in's: in the "
-                       "settings (and the checkpoint's fingerprint), never used by the CLIP tower's training")}),
     "finetune": Stage(
         "stages/finetune.py", deps=("data/tasks", "models/tokenizer", "models/adapted", "models/crossmodal",
-                                    "models/pretrain_clip"), outs=("results/finetune",),
+                                    *CLIP_TOWERS), outs=("results/finetune",),
         unused=CHECKED_VARIANTS),
     "aggregate": Stage(
         "stages/aggregate.py", deps=("results/finetune", "metrics/adapt"),
@@ -200,9 +208,9 @@ STAGES: dict[str, Stage] = {
         outs=("reports/table2.md",), metrics=("results/pwcca.json",)),
     "grounding": Stage(
         "stages/grounding.py",
-        deps=("data/tasks", "models/tokenizer",
-              "results/finetune  # whole: `grounding.tasks` may name any classification task", "inputs"),
-        outs=("data/captions", "reports/figure4.png", "reports/figure4.md"), metrics=("results/grounding.json",),
+        deps=("data/tasks", "models/tokenizer", "data/captions",
+              "results/finetune  # whole: `grounding.tasks` may name any classification task"),
+        outs=("reports/figure4.png", "reports/figure4.md"), metrics=("results/grounding.json",),
         unused={**CHECKED_FAMILIES, "families.${adapt.family}": "only checked; its name (adapt.family) names the runs"}),
     "attention": Stage(
         "stages/attention.py",

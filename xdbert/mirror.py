@@ -357,7 +357,7 @@ def write_inputs(p: dict, root: Path) -> list[Path]:
     # help names OVERRIDES), and pandas took 0.8 s of each one's 1.2 s of imports
     import pandas as pd
 
-    from xdbert.analysis.grounding import write_coco_captions
+    from xdbert.data.captions import write_coco_captions
     from xdbert.data.synthetic.words import generate_captions
 
     seed = P.section(p, "model")["seed"]

@@ -19,6 +19,7 @@ from xdbert.adaptation.settings import AdaptSettings, PretrainSettings, setting_
 from xdbert.analysis.attention import AttentionSettings
 from xdbert.analysis.grounding import GroundingSettings
 from xdbert.analysis.pwcca import PwccaSettings
+from xdbert.data.captions import CaptionSettings
 from xdbert.data.corpus import CorpusSettings
 from xdbert.data.mechanism import MechanismSettings
 from xdbert.data.tasks.registry import get_task
@@ -77,6 +78,7 @@ def check(p: dict) -> None:
     study = AggregateSettings.from_params(p).study
     PwccaSettings.from_params(p, files=False)
     grounding = GroundingSettings.from_params(p, files=False)
+    CaptionSettings.from_params(p)
     attention = AttentionSettings.from_params(p, files=False)
 
     _named("attention.task", [attention.task], tasks.names, "in tasks.names (its dev split is read)")

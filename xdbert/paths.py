@@ -60,6 +60,7 @@ PIPELINE_FILES = ("dvc.yaml", "hub.lock.json", "inputs", "stages", "xdbert")
 # Resumable training state, outside every stage's outputs.
 CHECKPOINTS = Path("checkpoints")
 PRETRAIN_CLIP_CHECKPOINT = CHECKPOINTS / "pretrain_clip.pt"
+PRETRAIN_CLIP_NOFACTS_CHECKPOINT = CHECKPOINTS / "pretrain_clip_nofacts.pt"
 # Finished finetuning runs, /<key>.pt by what decided them (`run_cache`)
 RUN_CACHE_ENV = "XDBERT_RUN_CACHE"        # a folder that overrides where they live
 RUN_CACHE_NAME = "xdbert-runs"            # their folder in DVC's cache

@@ -128,6 +128,16 @@ def shard_blocks(split) -> torch.Tensor:
     return torch.from_numpy(split.column("clip_ids").astype(np.int64)).view(-1, CLIP_CONTEXT)
 
 
+def caption_mix(caption_blocks: torch.Tensor, corpus_blocks: torch.Tensor, caption_share: float) -> torch.Tensor:
+    """The mechanism study's training blocks for the CLIP stand-in: every caption block, then corpus blocks in
+    order (wrapping round) so that captions are `caption_share` of the whole. The tower must still read corpus
+    text: beside a tower that cannot, MATCH stays at chance."""
+    if not 0 < caption_share <= 1 or not len(caption_blocks) or not len(corpus_blocks):
+        raise ValueError(f"a caption share in (0, 1] of non-empty caption and corpus blocks; got {caption_share}")
+    n_corpus = round(len(caption_blocks) * (1 - caption_share) / caption_share)
+    return torch.cat([caption_blocks, corpus_blocks[torch.arange(n_corpus) % len(corpus_blocks)]])
+
+
 def pretrain_clip(tower: torch.nn.Module, blocks: torch.Tensor, eot_id: int, s: PretrainSettings, checkpoint: Path,
                   stop_after: int | None = None) -> dict:
     """Train a random CLIP text tower as a causal language model on CLIP blocks (N, 77) for `s.steps` steps.

@@ -28,8 +28,6 @@ import numpy as np
 import pandas as pd
 
 from xdbert import params as P
-from xdbert.data.provided import read_coco_captions
-from xdbert.data.synthetic.words import generate_captions
 from xdbert.data.tasks.registry import get_task, read_split, task_names
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import run_name
@@ -54,28 +52,21 @@ Tokenize = Callable[[list[str]], list[list[str]]]   # texts -> word pieces of ea
 class GroundingSettings:
     """The `grounding` params section, checked, with the predictions it compares present.
 
-    `captions` is `generated` (keeps n_captions, seed), a COCO captions `.json` file, or a `datasets` id
-    or folder (keeps captions_hub_split, captions_hub_column); every key is checked whatever the kind, the
-    keys of the other kinds stay None. `stopwords` empty or absent: the shipped NLTK English list.
+    The caption corpus is the `captions` stage's (xdbert.data.captions reads the section's caption keys);
+    this reads its word counts. `stopwords` empty or absent: the shipped NLTK English list.
     """
 
     tasks: tuple[str, ...]
     baseline: str             # the runs compared, `<adapt.family>/<grounding.baseline>`
     model: str                # and `<adapt.family>/<grounding.model>`
     threshold: int
-    captions: str
-    n_captions: int | None
-    seed: int | None
-    captions_hub_split: str | None
-    captions_hub_column: str | None
     stopwords: str | None
     examples_task: str
     examples_per_class: int
 
     @classmethod
     def from_params(cls, params: dict, files: bool = True) -> "GroundingSettings":
-        """`files`: also check that the caption file and the predictions it compares exist (False: the values
-        only, as `xdbert check`)."""
+        """`files`: also check that the predictions it compares exist (False: the values only, as `xdbert check`)."""
         sec = P.section(params, "grounding")
         get = P.getter(sec, "grounding")
 
@@ -84,21 +75,6 @@ class GroundingSettings:
         threshold = P.positive(get("threshold"), "grounding.threshold")
         examples_per_class = P.positive(get("examples_per_class"), "grounding.examples_per_class")
         examples_task = P.choice(get("examples_task"), "grounding.examples_task", tasks)
-        captions = get("captions")
-        if not isinstance(captions, str) or not captions:
-            raise PipelineError("`grounding.captions` must be `generated`, a COCO captions .json file or a datasets id")
-        n_captions, seed = P.positive(get("n_captions"), "grounding.n_captions"), P.non_negative(get("seed"), "grounding.seed")
-        hub_split = P.nonempty_str(get("captions_hub_split"), "grounding.captions_hub_split")
-        hub_column = P.nonempty_str(get("captions_hub_column"), "grounding.captions_hub_column")
-        if captions != "generated":
-            n_captions = seed = None
-        if captions == "generated" or captions.endswith(".json"):
-            hub_split = hub_column = None
-        elif (Path(captions).is_file() or captions.count("/") > 1) and not Path(captions).is_dir():
-            # a datasets id is owner/name: this names a file, which only COCO's .json layout can be
-            raise PipelineError(f"`grounding.captions: {captions}` is neither a COCO captions .json file nor a datasets "
-                                f"id (owner/name); allowed: generated, a .json file in the layout of COCO's "
-                                f"captions_train2017.json, or a datasets id")
         # the runs of `adapt.family` (as Table 3's ablations): results/finetune/<task>/<family>/<model>
         family = ablation_family(params).name
         baseline, model = (run_name("encoder", P.nonempty_str(get(key), f"grounding.{key}"), family) for key in ("baseline", "model"))
@@ -108,17 +84,13 @@ class GroundingSettings:
         stopwords = sec.get("stopwords")
         if stopwords is not None and not isinstance(stopwords, str):
             raise PipelineError(f'`grounding.stopwords` must be a stopword file, or "" for the shipped NLTK English list; got {stopwords!r}')
-        settings = cls(tuple(tasks), baseline, model, threshold, captions, n_captions, seed, hub_split, hub_column,
-                       stopwords or None, examples_task, examples_per_class)
+        settings = cls(tuple(tasks), baseline, model, threshold, stopwords or None, examples_task, examples_per_class)
         if files:
             settings.check_files()
         return settings
 
     def check_files(self) -> None:
-        """The caption file and the predictions of both runs compared are there."""
-        if self.captions.endswith(".json") and not Path(self.captions).is_file():
-            raise PipelineError(f"missing caption file {self.captions} (`grounding.captions`): download MSCOCO's "
-                                f"annotations_trainval2017.zip and give annotations/captions_train2017.json, or use `generated`")
+        """The predictions of both runs compared are there."""
         family = self.baseline.split("/", 1)[0]  # run names are <family>/<model>; a family's name has no slash
         for key, run in (("baseline", self.baseline), ("model", self.model)):
             for task in self.tasks:
@@ -132,16 +104,6 @@ class GroundingSettings:
     def names(self) -> tuple[str, str]:
         """(baseline, model): the two runs compared."""
         return self.baseline, self.model
-
-    def load_captions(self) -> tuple[list[str], str]:
-        """(the caption corpus, where it came from in words)."""
-        if self.captions == "generated":
-            return (generate_captions(self.n_captions, self.seed),
-                    f"generated by xdbert.analysis.grounding.generate_captions (seed {self.seed})")
-        if self.captions.endswith(".json"):
-            return read_coco_captions(self.captions), f"COCO file {self.captions}"
-        return (load_hub_captions(self.captions, self.captions_hub_split, self.captions_hub_column),
-                f"dataset {self.captions} ({self.captions_hub_split}, column {self.captions_hub_column})")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -403,44 +365,3 @@ def compare_task(task: str, names: tuple[str, str], rule: Grounding, examples_pe
                     for c, picked in extreme_examples(cmp, examples_per_class).items()}
     return summary, ratios, examples
 
-
-# ----------------------------------------------------------------------------------------------------
-# Caption corpora: MSCOCO (a local JSON in COCO's format, or a hub dataset) or generated
-# ----------------------------------------------------------------------------------------------------
-
-def write_coco_captions(captions: Sequence[str], path: str | Path) -> None:
-    """Write captions in COCO's caption-annotation layout (one image per caption)."""
-    data = {
-        "info": {"description": "generated captions (xdbert embedded profile)"},
-        "images": [{"id": i} for i in range(len(captions))],
-        "annotations": [{"id": i, "image_id": i, "caption": c} for i, c in enumerate(captions)],
-    }
-    Path(path).write_text(json.dumps(data) + "\n", encoding="utf-8")
-
-
-def load_hub_captions(hub_id: str, split: str, column: str) -> list[str]:
-    """Captions from a `datasets` dataset (a hub id or a local folder in the hub's layout).
-
-    A column holding lists of captions (several per image) is flattened.
-    """
-    import datasets
-
-    from xdbert.hub import hub_request, source
-
-    try:
-        with hub_request(f"caption dataset `{hub_id}`"):
-            ds = datasets.load_dataset(source(hub_id, "dataset"), split=split)
-    except ValueError as e:
-        raise PipelineError(f"cannot load split `{split}` of caption dataset `{hub_id}` (check `grounding.captions_hub_split`): {e}") from e
-    if column not in ds.column_names:
-        raise PipelineError(f"caption dataset `{hub_id}` has no column `{column}` (`grounding.captions_hub_column`); "
-                            f"columns: {', '.join(ds.column_names)}")
-    out: list[str] = []
-    for value in ds[column]:
-        if isinstance(value, str):
-            out.append(value)
-        elif isinstance(value, (list, tuple)):
-            out.extend(str(v) for v in value)
-    if not out:
-        raise PipelineError(f"caption dataset `{hub_id}` column `{column}` holds no text")
-    return out

@@ -106,7 +106,8 @@ class MechanismSettings:
         return cls(
             enabled=enabled, objects=tuple(objects), n_old=len(OBJECTS), patterns=patterns,
             seed=P.non_negative(get("seed"), "mechanism.seed"), **counts,
-            **{k: P.fraction(get(k), f"mechanism.{k}") for k in ("fact_share", "fact_rate", "after_object", "caption_share")},
+            **{k: P.fraction(get(k), f"mechanism.{k}") for k in ("fact_share", "fact_rate", "after_object")},
+            caption_share=caption_share(params),
             vis={k: P.positive(vis[k], f"mechanism.vis.{k}") for k in VIS_SIZES}, **names,
             clip_towers=tuple(clip_towers), control_task=P.nonempty_str(control, "mechanism.control_task"),
             sentences=P.positive(get("sentences"), "mechanism.sentences"),
@@ -144,3 +145,8 @@ def _replication(value) -> str:
 def study_on(params: dict) -> bool:
     """`mechanism.enabled`, checked (the tasks and finetuning stages add `vis` when it is on)."""
     return P.flag(P.get(P.section(params, "mechanism"), "enabled", "mechanism"), "mechanism.enabled")
+
+
+def caption_share(params: dict) -> float:
+    """`mechanism.caption_share`, checked: all the CLIP stand-in reads of the section besides `enabled`."""
+    return P.fraction(P.get(P.section(params, "mechanism"), "caption_share", "mechanism"), "mechanism.caption_share")
