@@ -50,12 +50,15 @@ def batch_of(clip_ids: torch.Tensor) -> dict[str, torch.Tensor]:
             "clip_ids": clip_ids}
 
 
-def held_out_accuracy(cut: bool) -> tuple[float, torch.Tensor]:
+def held_out_accuracy(cut: bool, carried: bool = True) -> tuple[float, torch.Tensor]:
     """Train the `full` kind (everything but CLIP's projection) for STEPS batches drawn from 512 examples;
     score 64 others. As in a finetuning job (`job.build_model`), CLIP's embedding keeps only the rows the
-    examples use: the other 49,000 would only slow each step."""
+    examples use: the other 49,000 would only slow each step. `carried: False` is the twin's world: the
+    CLIP input's class token says nothing of the label (the training labels are shuffled)."""
     train_ids, train_labels = clip_examples(512, seed=1)
     dev_ids, dev_labels = clip_examples(64, seed=2)
+    if not carried:
+        train_labels = train_labels[torch.randperm(len(train_labels), generator=torch.Generator().manual_seed(4))]
     model = FullModelClassifier(tiny_model(), get_task("sst2"), dropout=0.0)
     tower = model.xd.clip
     tower.token_embedding = RowSubsetEmbedding(tower.token_embedding, torch.cat([train_ids, dev_ids]).unique().numpy())
@@ -78,6 +81,24 @@ def held_out_accuracy(cut: bool) -> tuple[float, torch.Tensor]:
 @pytest.fixture(scope="module")
 def trained() -> dict[bool, tuple[float, torch.Tensor]]:
     return {cut: held_out_accuracy(cut) for cut in (False, True)}
+
+
+def test_gate_b_passes_through_the_path_and_fails_with_it_cut(trained):
+    """Gate B of the mechanism study on this tiny world: the full model whose CLIP input carries the label
+    ("XDBERT") against one trained where it does not ("nofacts"). With CLIP's keys and values zeroed in the
+    cross layers of both, the same comparison prints FAIL."""
+    from xdbert.analysis.mechanism_stats import gate_b, paired_difference
+
+    _, dev_labels = clip_examples(64, seed=2)
+    correct = {(cut, carried): (held_out_accuracy(cut, carried)[1] if not carried else trained[cut][1]) == dev_labels
+               for cut in (False, True) for carried in (True, False)}
+    settings = dict(objects=None, kinds=None, kind=None, n_boot=500, level=0.95, exact_below=20, seed=0)
+    verdicts = {}
+    for cut in (False, True):
+        difference = paired_difference(correct[cut, True][None].numpy(), correct[cut, False][None].numpy(), **settings)
+        verdicts[cut] = gate_b(difference)
+    assert verdicts[False].passed and "full XDBERT - full nofacts on F+ = +" in verdicts[False].text
+    assert verdicts[True].state == "FAIL" and verdicts[True].interval.estimate == 0.0
 
 
 def test_a_label_only_clip_carries_is_learned_through_the_cross_layers(trained):
