@@ -17,6 +17,7 @@ from xdbert import paths
 from xdbert.data.synthetic.world import vis_examples
 from xdbert.errors import PipelineError
 from xdbert.profiles import values
+from xdbert.reports.tables import mechanism_note
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SEEDS = (0, 1, 2)
@@ -164,6 +165,11 @@ def test_stage_writes_every_gate_with_its_numbers(clean, monkeypatch):
     assert "| tower pretrain_clip |" in md and "| tower after adaptation, nofacts |" in md
     assert "| corpus (context words) |" in md and "majority class / chance" in md
     assert len(result["probe"]["pretrain_encoder"]["layers"]) == 2   # the embeddings and one layer, all in the JSON
+    # the line under Table 1 (the aggregate stage reads this JSON when the study is on)
+    note = mechanism_note(result)
+    assert "gates A FAIL, B " in note and result["summary"] in note and mechanism_note(None) == ""
+    with pytest.raises(PipelineError, match="results/mechanism.json"):
+        mechanism_note({"profile": "micro", "enabled": False})
 
 
 def test_a_planted_leak_fails_c(tmp_path, monkeypatch):

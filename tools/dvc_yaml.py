@@ -191,7 +191,7 @@ STAGES: dict[str, Stage] = {
                                     "models/pretrain_clip"), outs=("results/finetune",),
         unused=CHECKED_VARIANTS),
     "aggregate": Stage(
-        "stages/aggregate.py", deps=("results/finetune", "metrics/adapt"),
+        "stages/aggregate.py", deps=("results/finetune", "metrics/adapt", "results/mechanism.json"),
         outs=("reports/table1.md", "reports/table3.md", "reports/table6.md", "reports/table8.md",
               "results/aggregate.json", "results/aggregate.csv"), metrics=("metrics/tables.json",),
         unused=CHECKED_VARIANTS),
