@@ -22,8 +22,8 @@ from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import CLIP_MODEL, Run, run_name
 from xdbert.model.settings import ablation_family
 from xdbert.paths import (
-    CORPUS, MECHANISM_METRICS, PRETRAIN_CLIP, PRETRAIN_CLIP_NOFACTS, TASKS, TOKENIZER, adapted, crossmodal, predictions,
-    pretrain_encoder, report,
+    CORPUS, MECHANISM_METRICS, MODELS, PRETRAIN_CLIP, PRETRAIN_CLIP_NOFACTS, TASKS, TOKENIZER, VIS_KINDS, adapted,
+    crossmodal, predictions, pretrain_encoder, report,
 )
 from xdbert.stage import run
 
@@ -76,7 +76,7 @@ def model_folders(plan: Plan) -> dict[str, tuple[Path, str]]:
     from xdbert.paths import CLIP_CONFIG, CROSSMODAL_CONFIG
 
     s, fam = plan.s, plan.family
-    folders = {f"tower {t}": (Path("models") / t, CLIP_CONFIG) for t in s.clip_towers}
+    folders = {f"tower {t}": (MODELS / t, CLIP_CONFIG) for t in s.clip_towers}
     folders.update({f"tower after adaptation, {m}": (crossmodal(fam, m), CROSSMODAL_CONFIG) for m in (P.PROPOSED, NOFACTS)})
     folders["pretrain_encoder"] = (pretrain_encoder(fam), "config.json")
     folders.update({m: (adapted(fam, m), "config.json") for m in s.models})
@@ -90,7 +90,7 @@ def check_inputs(plan: Plan, control_split: str) -> None:
             raise PipelineError(f"missing model folder {folder} (no {marker}) for the probe row `{name}`: run the stage "
                                 f"that writes it (`dvc repro`)")
     files = [TOKENIZER / "tokenizer_config.json", CORPUS / "train.parquet",
-             *(TASKS / VIS / f for f in ("train.parquet", "dev.parquet", "dev_kinds.parquet")),
+             *(TASKS / VIS / f for f in ("train.parquet", "dev.parquet", VIS_KINDS)),
              TASKS / plan.s.control_task / f"{control_split}.parquet"]
     files += [predictions(task, r.name) for task in (VIS, plan.s.control_task) for r in plan.runs.values()]
     if plan.s.replication:
@@ -171,7 +171,7 @@ def study(plan: Plan, control_split: str, replication) -> tuple[dict, str]:
 
     probes, tok_name = {}, None
     for tower in s.clip_towers:
-        t, cfg = load_clip_tower(Path("models") / tower)
+        t, cfg = load_clip_tower(MODELS / tower)
         tok_name = cfg["clip"]
         probes[f"tower {tower}"] = probed(tower_features(t, clip_tokenizer(tok_name), words, frames))
     for m in (P.PROPOSED, NOFACTS):
@@ -188,7 +188,7 @@ def study(plan: Plan, control_split: str, replication) -> tuple[dict, str]:
     flip_p = probe.sign_flip_p(np.array(at[P.PROPOSED]["correct"]), np.array(at[NOFACTS]["correct"]), g["n_flip"], seed)
 
     # The cells: every row on vis (by kind) and on the control task
-    kinds_table = io.read_parquet(TASKS / VIS / "dev_kinds.parquet", "run `dvc repro tasks`").to_pandas()
+    kinds_table = io.read_parquet(TASKS / VIS / VIS_KINDS, "run `dvc repro tasks`").to_pandas()
     kinds_table = kinds_table.sort_values("idx")
     idx = kinds_table["idx"].to_numpy()
     kinds, owners = kinds_table["kind"].to_numpy(), kinds_table["object"].to_numpy()

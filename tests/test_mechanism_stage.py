@@ -200,8 +200,8 @@ def test_a_missing_input_names_it_and_writes_nothing(clean, tmp_path, monkeypatc
     for out in (paths.report("mechanism"), paths.MECHANISM_METRICS):
         (root / out).unlink(missing_ok=True)
     fam = params()["adapt"]["family"]
-    gone = paths.predictions("vis", "nofacts" if fam == "" else f"{fam}/nofacts", root / paths.FINETUNE) \
-        if remove == "pred" else root / paths.adapted(fam, "baseline") / "config.json"
+    gone = (paths.predictions("vis", f"{fam}/nofacts", root / paths.FINETUNE) if remove == "pred"
+            else root / paths.adapted(fam, "baseline") / "config.json")
     gone.unlink()
     monkeypatch.chdir(root)
     with pytest.raises(PipelineError, match="nofacts/predictions.parquet" if remove == "pred" else "adapted/.*baseline"):
