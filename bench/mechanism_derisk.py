@@ -48,9 +48,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 import xdbert  # noqa: F401, E402  (first: it fixes the CPU kernels and threads before torch and numpy load)
 import numpy as np  # noqa: E402
 
-from xdbert.analysis.mechanism_stats import GATES  # noqa: E402  the pre-registered probe settings
+from xdbert.profiles import values  # noqa: E402
 from xdbert.data.synthetic.words import PATTERNS as ATTRIBUTES  # noqa: E402
 
+GATES = values("embedded")["mechanism"]["gates"]  # the pre-registered probe settings
 LAMBDA, N_PERM, N_FLIP = GATES["lambda"], GATES["n_perm"], GATES["n_flip"]
 N_SENTENCES = 20
 

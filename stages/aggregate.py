@@ -4,7 +4,8 @@ Reads every finetune run's dev predictions (results/finetune/<task>/<run>/predic
 `<family>/<model>` for the adapted encoders, `<family>/full_<model>` for a family's whole cross-modal model
 and `clip_t` for CLIP's tower alone) and the adaptation metrics (metrics/adapt/<family>/<variant>.json):
 Table 3's variants of `adapt.family`, and the MLM head each family's `xdbert` adaptation started from and the
-parameters of the model it built (Table 6).
+parameters of the model it built (Table 6). When the mechanism study is on, results/mechanism.json gives the
+line under Table 1 on its gates.
 Tables 1 and 8 have rows for every family of `families`, each Δ against that family's own baseline.
 """
 from xdbert import io, params, paths
@@ -12,20 +13,24 @@ from xdbert.stage import run
 
 
 def read(p: dict):
-    """Every param this stage reads, checked; tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
+    """(settings, whether the mechanism study is on): every param this stage reads, checked;
+    tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
+    from xdbert.data.mechanism import study_on
     from xdbert.reports.settings import AggregateSettings
 
-    return AggregateSettings.from_params(p)
+    return AggregateSettings.from_params(p), study_on(p)
 
 
 def main() -> None:
-    settings = read(params.load())
+    settings, mechanism_on = read(params.load())
+    # the line under Table 1 on the mechanism study's gates
+    mechanism = io.read_json(paths.MECHANISM_METRICS) if mechanism_on else None
 
     # pandas, scikit-learn: after the checks
     from xdbert.reports.parameters import table6
     from xdbert.reports.tables import render, results_csv, tables_metrics
 
-    reports, results = render(settings, paths.FINETUNE, paths.ADAPT_METRICS)
+    reports, results = render(settings, paths.FINETUNE, paths.ADAPT_METRICS, mechanism)
     reports["table6"] = table6(settings, paths.ADAPT_METRICS)
     for name, text in reports.items():
         io.write_text(paths.report(name), text)

@@ -6,6 +6,9 @@ import pytest
 import scipy.stats
 
 from xdbert.analysis import mechanism_stats as M
+from xdbert.profiles import values
+
+GATES = values("embedded")["mechanism"]["gates"]  # the pre-registered thresholds
 
 DRAWS = dict(n_boot=2000, level=0.95, exact_below=20, seed=0)
 
@@ -161,11 +164,11 @@ GAIN, NULL = iv(0.10, 0.04, 0.16), iv(0.01, -0.03, 0.04)
 
 
 def test_gate_a():
-    a = M.gate_a(iv(0.41, 0.30, 0.52), 1.0, 0.001, M.GATES)
+    a = M.gate_a(iv(0.41, 0.30, 0.52), 1.0, 0.001, GATES)
     assert a.passed
     assert a.text == "PASS: CLIP-T(facts) - CLIP-T(twin) on F+ = +0.41 [0.30, 0.52]; tower probe 1.00, p 0.001"
-    assert not M.gate_a(NULL, 1.0, 0.001, M.GATES).passed
-    assert not M.gate_a(GAIN, 0.40, 0.02, M.GATES).passed  # the probe above chance, not below alpha 0.01
+    assert not M.gate_a(NULL, 1.0, 0.001, GATES).passed
+    assert not M.gate_a(GAIN, 0.40, 0.02, GATES).passed  # the probe above chance, not below alpha 0.01
 
 
 def test_gate_b():
@@ -176,23 +179,23 @@ def test_gate_b():
 
 def test_gate_c():
     inside = {"corpus": (0.27, 0.31), "baseline": (0.25, 0.45), "pretrain_encoder": (0.23, 0.53)}
-    assert M.gate_c(inside, M.GATES).passed
-    leak = M.gate_c({**inside, "bag-of-words": (0.60, 0.001)}, M.GATES)
+    assert M.gate_c(inside, GATES).passed
+    leak = M.gate_c({**inside, "bag-of-words": (0.60, 0.001)}, GATES)
     assert not leak.passed and "bag-of-words 0.60, p 0.001" in leak.text
     with pytest.raises(ValueError):
-        M.gate_c({}, M.GATES)
+        M.gate_c({}, GATES)
 
 
 def test_gate_d_passes_fails_and_is_not_replicated():
     holds = M.Claim(GAIN, NULL, NULL, 0.01)
-    assert M.gate_d(holds, holds, M.GATES).state == "PASS"
-    assert M.gate_d(holds, None, M.GATES).state == "not replicated"
-    assert M.gate_d(holds, M.Claim(GAIN, NULL, NULL, 0.3), M.GATES).state == "not replicated"
+    assert M.gate_d(holds, holds, GATES).state == "PASS"
+    assert M.gate_d(holds, None, GATES).state == "not replicated"
+    assert M.gate_d(holds, M.Claim(GAIN, NULL, NULL, 0.3), GATES).state == "not replicated"
     for broken in (M.Claim(NULL, NULL, NULL, 0.01),   # no gain on F+
                    M.Claim(GAIN, GAIN, NULL, 0.01),   # a gain on T= too
                    M.Claim(GAIN, NULL, GAIN, 0.01),   # a gain on SST-2 too
                    M.Claim(GAIN, NULL, NULL, 0.2)):   # the probe does not see it
-        d = M.gate_d(broken, holds, M.GATES)
+        d = M.gate_d(broken, holds, GATES)
         assert d.state == "FAIL" and not d.passed
 
 
@@ -203,10 +206,10 @@ def test_fisher_matches_scipy():
 
 
 def test_gate_e():
-    e = M.gate_e(45, 5, 12, 8, M.GATES)
+    e = M.gate_e(45, 5, 12, 8, GATES)
     assert e.passed and e.text.startswith("PASS: F+ among improved 45/50, among worsened 12/20")
-    assert not M.gate_e(40, 10, 16, 4, M.GATES).passed  # the same share as among the worsened
-    assert not M.gate_e(0, 0, 10, 3, M.GATES).passed    # nothing improved
+    assert not M.gate_e(40, 10, 16, 4, GATES).passed  # the same share as among the worsened
+    assert not M.gate_e(0, 0, 10, 3, GATES).passed    # nothing improved
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -214,12 +217,12 @@ def test_gate_e():
 # ----------------------------------------------------------------------------------------------------
 
 def records(a=True, b=True, c=True, d="FAIL"):
-    gates = [M.gate_a(GAIN if a else NULL, 1.0, 0.001, M.GATES), M.gate_b(GAIN if b else NULL),
-             M.gate_c({"corpus": (0.25, 0.4 if c else 0.001)}, M.GATES)]
+    gates = [M.gate_a(GAIN if a else NULL, 1.0, 0.001, GATES), M.gate_b(GAIN if b else NULL),
+             M.gate_c({"corpus": (0.25, 0.4 if c else 0.001)}, GATES)]
     f_plus = iv(0.02, -0.03, 0.07)
     claim = {"FAIL": M.Claim(f_plus, NULL, NULL, 0.5), "PASS": M.Claim(GAIN, NULL, NULL, 0.01)}
-    gates.append(M.gate_d(claim["FAIL" if d == "FAIL" else "PASS"], claim["PASS"] if d == "PASS" else None, M.GATES))
-    return gates + [M.gate_e(30, 10, 20, 10, M.GATES)]
+    gates.append(M.gate_d(claim["FAIL" if d == "FAIL" else "PASS"], claim["PASS"] if d == "PASS" else None, GATES))
+    return gates + [M.gate_e(30, 10, 20, 10, GATES)]
 
 
 def test_the_gates_table_and_its_summary():

@@ -199,7 +199,7 @@ STAGES: dict[str, Stage] = {
                                     *CLIP_TOWERS), outs=("results/finetune",),
         unused=CHECKED_VARIANTS),
     "aggregate": Stage(
-        "stages/aggregate.py", deps=("results/finetune", "metrics/adapt"),
+        "stages/aggregate.py", deps=("results/finetune", "metrics/adapt", "results/mechanism.json"),
         outs=("reports/table1.md", "reports/table3.md", "reports/table6.md", "reports/table8.md",
               "results/aggregate.json", "results/aggregate.csv"), metrics=("metrics/tables.json",),
         unused=CHECKED_VARIANTS),
@@ -212,6 +212,13 @@ STAGES: dict[str, Stage] = {
               "results/finetune  # whole: `grounding.tasks` may name any classification task"),
         outs=("reports/figure4.png", "reports/figure4.md"), metrics=("results/grounding.json",),
         unused={**CHECKED_FAMILIES, "families.${adapt.family}": "only checked; its name (adapt.family) names the runs"}),
+    "mechanism": Stage(
+        "stages/mechanism.py",
+        deps=("models/pretrain_clip", "models/pretrain_clip_nofacts", "models/pretrain_encoder", "models/adapted",
+              "models/crossmodal", "models/tokenizer", "data/tasks", "data/corpus",
+              "results/finetune  # whole: the runs of `mechanism.models`, `full_models` and `clip_towers`"),
+        outs=("reports/mechanism.md",), metrics=("results/mechanism.json",),
+        unused={**CHECKED_FAMILIES, "families.${adapt.family}": "only checked; its name (adapt.family) names the models"}),
     "attention": Stage(
         "stages/attention.py",
         deps=("models/crossmodal/${adapt.family}  # whole: `attention.variants` may name any variant",

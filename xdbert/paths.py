@@ -50,6 +50,7 @@ GROUNDING_METRICS = Path("results/grounding.json")
 FIGURE4 = Path("reports/figure4.png")     # beside report("figure4")
 # stage `mechanism`
 MECHANISM_METRICS = Path("results/mechanism.json")   # beside report("mechanism")
+VIS_KINDS = "dev_kinds.parquet"           # data/tasks/vis/<this> (stage `tasks`): each dev example's kind and object
 # stage `attention`
 ATTENTION = Path("reports/attention")
 ATTENTION_METRICS = Path("results/attention.json")
@@ -116,6 +117,6 @@ def crossmodal(family: str, variant: str) -> Path:
 
 
 def report(name: str) -> Path:
-    """reports/<name>.md: table1, table2, table3, table6, table8, figure4, attention."""
+    """reports/<name>.md: table1, table2, table3, table6, table8, figure4, attention, mechanism."""
     return REPORTS / f"{name}.md"
 

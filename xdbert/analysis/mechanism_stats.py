@@ -23,21 +23,6 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-# The pre-registered settings: params' `mechanism.gates` will hold them, committed before seed 0 runs.
-GATES = {
-    "level": 0.95,          # the coverage of every interval
-    "n_boot": 2000,         # bootstrap replicates of a cell
-    "exact_below": 20,      # cells of fewer objects get exact sign-flip intervals
-    "n_perm": 1000,         # permutations of a probe's null (probe.permutation_null)
-    "n_flip": 10000,        # random sign flips of D's paired probe test (probe.sign_flip_p)
-    "lambda": 10.0,         # the probe's ridge penalty on standardized features
-    "probe_layer": "the layer the cross layers read",
-    "alpha_a": 0.01,        # A: the facts tower's probe above its null
-    "alpha_c": 0.05,        # C: a probe lies inside its null when its p is above this
-    "alpha_d": 0.05,        # D: the encoder probe's paired sign-flip test
-    "alpha_e": 0.05,        # E: the one-sided Fisher test of F+ among improved against worsened examples
-}
-
 BOOTSTRAP_OBJECTS = "bootstrap: objects, then seeds"
 BOOTSTRAP_EXAMPLES = "bootstrap: examples, then seeds"
 EXACT = "exact sign-flip"

@@ -160,6 +160,19 @@ def proposed_metric(adapt_metrics_dir: Path, family: str, key: str):
     return metrics[key]
 
 
+def mechanism_note(result: dict | None) -> str:
+    """The line under Table 1 saying what the mechanism study's gates found (results/mechanism.json, written
+    by the `mechanism` stage); nothing when the study is off (`result` None)."""
+    if result is None:
+        return ""
+    try:
+        states = ", ".join(f"{name} {g['state']}" for name, g in sorted(result["gates"].items()))
+        return f"\nMechanism study (reports/mechanism.md): gates {states}. {result['summary']}\n"
+    except (KeyError, TypeError, AttributeError):
+        raise PipelineError(f"{paths.MECHANISM_METRICS} holds no gates of the mechanism stage; rerun it "
+                            "(`dvc repro mechanism`)") from None
+
+
 def mlm_head_note(heads: dict[Family, str]) -> str:
     """How each family's MLM head started its adaptation (`mlm_head` of metrics/adapt/<family>/xdbert.json): a
     random head sends large random gradients into the encoder at first, so a family that starts from one is not
@@ -287,8 +300,10 @@ class _Tables:
         return ("\n\n## Other dev splits\n\n" + "\n".join(lines)) if lines else ""
 
 
-def render(s: AggregateSettings, finetune_dir: Path, adapt_metrics_dir: Path) -> tuple[dict[str, str], dict]:
-    """({report name: markdown} of table1, table3 and table8, {report name: {row: {task: numbers}}})."""
+def render(s: AggregateSettings, finetune_dir: Path, adapt_metrics_dir: Path,
+           mechanism: dict | None = None) -> tuple[dict[str, str], dict]:
+    """({report name: markdown} of table1, table3 and table8, {report name: {row: {task: numbers}}});
+    `mechanism`: results/mechanism.json when the mechanism study is on, whose gates a line under Table 1 gives."""
     study = s.study
     given = {t.name: t for t in s.tasks}
     every = [given[name] for name in COLUMN if name in given]  # the columns in the paper's order
@@ -307,7 +322,7 @@ def render(s: AggregateSettings, finetune_dir: Path, adapt_metrics_dir: Path) ->
     rendered = {
         "table1": tables.render("Table 1: main results (dev sets)", {CLIP_ROW: run_name("clip", CLIP_MODEL), **table1},
                                 every, {CLIP_ROW: [t for t in every if t.name in study.clip_tasks]}, against,
-                                PAPER_TABLE1, mlm_head_note(heads)),
+                                PAPER_TABLE1, mechanism_note(mechanism) + mlm_head_note(heads)),
         "table3": tables.render(f"Table 3: adaptation ablations ({ablated.label})", table3, ablation_tasks, {},
                                 dict.fromkeys(variants, BASELINE), PAPER_TABLE3,
                                 protocol_note(s) + adaptation_table(adapted, ablated.name), table3_seeds(s),
