@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from xdbert import io, params, paths
+from xdbert.data.mechanism import VIS, MechanismSettings
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ablation_family, family_names
 
@@ -36,14 +37,26 @@ class ModelFolder:
 
 MODEL_FOLDERS: dict[str, ModelFolder] = {
     "encoder": ModelFolder(paths.adapted, str(paths.adapted("<family>", "<name>")), "config.json", "{}"),
-    "clip": ModelFolder(lambda family, name: paths.PRETRAIN_CLIP, str(paths.PRETRAIN_CLIP), paths.CLIP_CONFIG, "{}_t"),
+    "clip": ModelFolder(lambda family, name: clip_tower(name), "models/<tower>", paths.CLIP_CONFIG, "{}_t"),
     "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<family>", "<name>")), paths.CROSSMODAL_CONFIG, "full_{}"),
 }
 MODEL_KINDS = tuple(MODEL_FOLDERS)   # what `finetuning.job.prepare` can finetune
-CLIP_MODEL = "clip"                  # the model name of the one `clip` run
+CLIP_MODEL = "clip"                  # the model name of Table 1's `clip` run (models/pretrain_clip)
+TOWER_PREFIX = "pretrain_"           # a tower's model name is its folder's without it: clip, clip_nofacts
+
+
+def clip_model(tower: str) -> str:
+    """The model name of a CLIP tower's run (its folder under models/, of `paths.CLIP_TOWERS`)."""
+    return tower.removeprefix(TOWER_PREFIX)
+
+
+def clip_tower(model: str) -> Path:
+    """The folder of the CLIP tower a `clip` run of `model` finetunes."""
+    return paths.PRETRAIN_CLIP.parent / (TOWER_PREFIX + model)
 
 
 TABLE3_PREFIX = "table3_"  # the run of a Table 1 model under Table 3's own protocol
+TABLE1_PREFIX = "table1_"  # the run of an ablation variant under Table 1's protocol (the mechanism study's rows)
 
 
 def seed_list(section: dict, key: str, where: str) -> list[int]:
@@ -118,7 +131,8 @@ class Study:
     clip_tasks: list[str]       # Table 1's CLIP-T row
     protocol: AblationProtocol  # how Table 3's runs are finetuned
     families: list[str]         # `families`: Table 1's encoders
-    ablation_family: str        # `adapt.family`: Table 3's
+    ablation_family: str        # `adapt.family`: Table 3's and the mechanism study's
+    mechanism: MechanismSettings | None = None  # the mechanism study's rows on `vis` and its control task; None: off
 
     @classmethod
     def from_params(cls, p: dict) -> Study:
@@ -142,8 +156,13 @@ class Study:
             raise PipelineError(f"`finetune.ablations` names {', '.join(both)}, already Table 1's runs in `finetune.models` "
                                 f"(Table 3 shows them anyway, rerun under its own protocol where it has one): list "
                                 f"ablation variants only")
+        mechanism = MechanismSettings.from_params(p)
         return cls(**lists, protocol=AblationProtocol.from_params(f), families=family_names(p),
-                   ablation_family=ablation_family(p).name)
+                   ablation_family=ablation_family(p).name, mechanism=mechanism if mechanism.enabled else None)
+
+    def tasks(self, names: list[str]) -> list[str]:
+        """The tasks finetuned: `names` (`tasks.names`), then the probe task `vis` when the study is on."""
+        return [*names, VIS] if self.mechanism else list(names)
 
     def table3_runs(self) -> dict[str, str]:
         """Table 3's rows: model name -> the run that finetuned it under Table 3's protocol."""
@@ -153,7 +172,49 @@ class Study:
                 **{m: run_name("encoder", m, fam) for m in self.ablations}}
 
     def runs(self, task: str) -> list[Run]:
-        """Every run the study makes on task `task`, in the order their results are written."""
+        """Every run the study makes on task `task`, in the order their results are written: Table 1's, 3's and
+        8's, then the mechanism study's rows that no run of those is (on `vis`: those alone)."""
+        if self.mechanism and task == VIS:
+            return list(self.mechanism_runs(task).values())
+        out = self._table_runs(task)
+        if self.mechanism and task == self.mechanism.control_task:
+            names = {r.name for r in out}
+            out += [r for r in self.mechanism_runs(task).values() if r.name not in names]
+        return out
+
+    def mechanism_runs(self, task: str) -> dict[str, Run]:
+        """The mechanism study's rows on `task` (`vis` or `mechanism.control_task`): row label -> the run whose
+        results hold it. Labels: the model name of each encoder of `mechanism.models`, `full_<name>` of each of
+        `mechanism.full_models`, and `clip_t`, `clip_nofacts_t` of the towers in `mechanism.clip_towers`; every
+        run of `adapt.family`.
+
+        Every row is finetuned under Table 1's protocol (`finetune.seeds`, the task's rate), so the rows of one
+        task compare. On the control task a row Table 1, 3 or 8 already runs under that protocol is that run,
+        reused; an ablation variant that Table 3 runs there under a protocol of its own (`finetune.ablation_lr`
+        or `ablation_seeds` set, the task in `ablation_tasks`) gets a run of its own under Table 1's,
+        `<family>/table1_<name>`.
+        """
+        m = self.mechanism
+        if m is None or task not in (VIS, m.control_task):
+            raise PipelineError(f"task {task!r} has no mechanism study rows: they are on {VIS} and `mechanism.control_task` "
+                                f"with `mechanism.enabled: true`")
+        fam = self.ablation_family
+        ablation = {r.name for r in self._table_runs(task) if r.protocol == "ablation"} if task != VIS else set()
+        rows = {}
+        for name in m.models:
+            run = run_name("encoder", name, fam)
+            if run in ablation:  # Table 3's run of it is under another protocol: not comparable with the other rows
+                run = run_name("encoder", TABLE1_PREFIX + name, fam)
+            rows[name] = Run("encoder", name, run, family=fam)
+        for name in m.full_models:
+            rows[run_name("full", name)] = Run("full", name, run_name("full", name, fam), family=fam)
+        for tower in m.clip_towers:
+            model = clip_model(tower)
+            rows[run_name("clip", model)] = Run("clip", model, run_name("clip", model))
+        return rows
+
+    def _table_runs(self, task: str) -> list[Run]:
+        """The runs of Tables 1, 3 and 8 on task `task`."""
         out = []
         for fam in self.families:
             out += [Run("encoder", m, run_name("encoder", m, fam), family=fam) for m in self.models]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xdbert import params
+from xdbert.data.mechanism import VIS
 from xdbert.data.tasks.registry import TASK_NAMES, TaskSpec, task_names
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import Run, Study, seed_list
@@ -112,7 +113,7 @@ class FinetuneSettings(RunValues):
         lr = params.get(f, "lr", "finetune")
         if not isinstance(lr, dict):
             raise PipelineError(f"`finetune.lr` must map tasks to their rates, e.g. {{rte: {{base: 1.0e-4, large: 5.0e-5}}}}; got {lr!r}")
-        params.subset(list(lr), "finetune.lr", TASK_NAMES, nonempty=False)
+        params.subset(list(lr), "finetune.lr", (*TASK_NAMES, VIS), nonempty=False)
         for name in dict.fromkeys([task.name, *lr]):  # every task's rates, this task's first: a typo shows in any stage
             _rates(lr, name)
         seeds = seed_list(f, seeds_key(task), "finetune")
