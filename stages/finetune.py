@@ -22,13 +22,14 @@ from xdbert.stage import run
 def read(p: dict) -> tuple:
     """(profile, the study's families, each task's settings): every param this stage reads, checked;
     tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
+    from xdbert.data.mechanism import VIS, MechanismSettings
     from xdbert.data.tasks.registry import get_task, task_names
-    from xdbert.finetuning.runs import Study
     from xdbert.finetuning.settings import FinetuneSettings
     from xdbert.model.settings import families
 
-    tasks = Study.from_params(p).tasks(task_names(p))  # `tasks.names`, and the probe task `vis` when the study is on
-    return p["profile"], families(p), [FinetuneSettings.from_params(p, get_task(name)) for name in tasks]
+    mechanism = MechanismSettings.from_params(p)  # its rows on `vis` and on its control task, where it is on
+    tasks = task_names(p) + ([VIS] if mechanism.enabled else [])
+    return p["profile"], families(p), [FinetuneSettings.from_params(p, get_task(name), mechanism) for name in tasks]
 
 
 def main() -> None:

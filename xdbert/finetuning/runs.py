@@ -4,9 +4,13 @@ A run finetunes one model on one task for every seed. Three kinds of model are f
 - `encoder`: an adapted language encoder, models/adapted/<family>/<name> (Table 1: every family's MLM
   baseline and XDBERT; Table 3: the ablation variants of `adapt.family`, on `finetune.ablation_tasks` only);
 - `full`: a family's whole cross-modal model, models/crossmodal/<family>/<name> (Table 8);
-- `clip`: CLIP's text tower alone, models/pretrain_clip (Table 1's CLIP-T row, on `finetune.clip_tasks`).
+- `clip`: a CLIP text tower alone, models/pretrain_<model> (Table 1's CLIP-T row, model `clip`, on
+  `finetune.clip_tasks`; the mechanism study's twin tower, model `clip_nofacts`).
 A run's results folder is named after its family and model: `<family>/<name>`, `<family>/full_<name>`, or
-`clip_t` for the one CLIP run.
+`<model>_t` for a CLIP run (`clip_t`, `clip_nofacts_t`).
+
+The mechanism study (`mechanism.enabled`) adds its rows of `adapt.family` on the probe task `vis` (they alone)
+and on `mechanism.control_task`, under Table 1's protocol (`Study.mechanism_runs`).
 
 Table 3 has a protocol of its own (`finetune.ablation_lr`, `finetune.ablation_seeds`): the paper ran every
 ablation at lr 1e-4, CoLA included (Table 1's CoLA rate is 2e-5), with 5 runs, RTE included (Table 1's RTE
@@ -20,7 +24,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from xdbert import io, params, paths
-from xdbert.data.mechanism import VIS, MechanismSettings
+from xdbert.data.tasks.registry import VIS_SPEC
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ablation_family, family_names
 
@@ -55,6 +59,7 @@ def clip_tower(model: str) -> Path:
     return paths.PRETRAIN_CLIP.parent / (TOWER_PREFIX + model)
 
 
+VIS = VIS_SPEC.name        # the mechanism study's probe task (`mechanism.VIS`)
 TABLE3_PREFIX = "table3_"  # the run of a Table 1 model under Table 3's own protocol
 TABLE1_PREFIX = "table1_"  # the run of an ablation variant under Table 1's protocol (the mechanism study's rows)
 
@@ -132,12 +137,16 @@ class Study:
     protocol: AblationProtocol  # how Table 3's runs are finetuned
     families: list[str]         # `families`: Table 1's encoders
     ablation_family: str        # `adapt.family`: Table 3's and the mechanism study's
-    mechanism: MechanismSettings | None = None  # the mechanism study's rows on `vis` and its control task; None: off
+    # The mechanism study's `MechanismSettings` where it is on (its rows on `vis` and its control task), else None.
+    # Passed in by the stages that finetune or report them, not imported: this module is part of the run cache's
+    # code key (`job.code_files`), which must not follow the study's world generators.
+    mechanism: object | None = None
 
     @classmethod
-    def from_params(cls, p: dict) -> Study:
+    def from_params(cls, p: dict, mechanism=None) -> Study:
         """The run lists of the `finetune` section and the study's families, checked. Table 1's and Table 8's
-        models are adapted by every family, so they can only be its own two (`baseline`, `xdbert`)."""
+        models are adapted by every family, so they can only be its own two (`baseline`, `xdbert`).
+        `mechanism`: `MechanismSettings.from_params(p)`, whose rows join the study where it is enabled."""
         f = params.section(p, "finetune")
         lists = {key: _names(f, key) for key in ("models", "ablations", "ablation_tasks", "full_models", "clip_tasks")}
         for key, allowed in (("models", (params.BASELINE, params.PROPOSED)), ("full_models", (params.PROPOSED,))):
@@ -156,13 +165,8 @@ class Study:
             raise PipelineError(f"`finetune.ablations` names {', '.join(both)}, already Table 1's runs in `finetune.models` "
                                 f"(Table 3 shows them anyway, rerun under its own protocol where it has one): list "
                                 f"ablation variants only")
-        mechanism = MechanismSettings.from_params(p)
         return cls(**lists, protocol=AblationProtocol.from_params(f), families=family_names(p),
-                   ablation_family=ablation_family(p).name, mechanism=mechanism if mechanism.enabled else None)
-
-    def tasks(self, names: list[str]) -> list[str]:
-        """The tasks finetuned: `names` (`tasks.names`), then the probe task `vis` when the study is on."""
-        return [*names, VIS] if self.mechanism else list(names)
+                   ablation_family=ablation_family(p).name, mechanism=mechanism if mechanism and mechanism.enabled else None)
 
     def table3_runs(self) -> dict[str, str]:
         """Table 3's rows: model name -> the run that finetuned it under Table 3's protocol."""
