@@ -39,13 +39,6 @@ class ModelFolder:
     run_name: str                        # the run's results folder, `{}` standing for the model name
 
 
-MODEL_FOLDERS: dict[str, ModelFolder] = {
-    "encoder": ModelFolder(paths.adapted, str(paths.adapted("<family>", "<name>")), "config.json", "{}"),
-    "clip": ModelFolder(lambda family, name: clip_tower(name), "models/<tower>", paths.CLIP_CONFIG, "{}_t"),
-    "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<family>", "<name>")), paths.CROSSMODAL_CONFIG, "full_{}"),
-}
-MODEL_KINDS = tuple(MODEL_FOLDERS)   # what `finetuning.job.prepare` can finetune
-CLIP_MODEL = "clip"                  # the model name of Table 1's `clip` run (models/pretrain_clip)
 TOWER_PREFIX = "pretrain_"           # a tower's model name is its folder's without it: clip, clip_nofacts
 
 
@@ -58,6 +51,14 @@ def clip_tower(model: str) -> Path:
     """The folder of the CLIP tower a `clip` run of `model` finetunes."""
     return paths.PRETRAIN_CLIP.parent / (TOWER_PREFIX + model)
 
+
+MODEL_FOLDERS: dict[str, ModelFolder] = {
+    "encoder": ModelFolder(paths.adapted, str(paths.adapted("<family>", "<name>")), "config.json", "{}"),
+    "clip": ModelFolder(lambda family, name: clip_tower(name), str(clip_tower("<model>")), paths.CLIP_CONFIG, "{}_t"),
+    "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<family>", "<name>")), paths.CROSSMODAL_CONFIG, "full_{}"),
+}
+MODEL_KINDS = tuple(MODEL_FOLDERS)   # what `finetuning.job.prepare` can finetune
+CLIP_MODEL = "clip"                  # the model name of Table 1's `clip` run (models/pretrain_clip)
 
 VIS = VIS_SPEC.name        # the mechanism study's probe task (`mechanism.VIS`)
 TABLE3_PREFIX = "table3_"  # the run of a Table 1 model under Table 3's own protocol
