@@ -5,7 +5,8 @@
 Every run of every family and task (`xdbert.finetuning.runs`) is submitted at once to the grid's Ray
 workers (xdbert.finetuning.grid), so a machine's cores and GPUs, or a cluster's, are all kept busy.
 Results: results/finetune/<task>/<family>/<run>/{metrics.json,predictions.parquet} (CLIP-T:
-<task>/clip_t), the folder written atomically. Every finished run is also kept in the run cache
+<task>/clip_t, <task>/clip_nofacts_t), the folder written atomically; with the mechanism study on, its rows
+on `vis` and the control task too (`Study.mechanism_runs`). Every finished run is also kept in the run cache
 (`paths.run_cache`: xdbert-runs/ in DVC's cache, which every experiment of the repository shares) under a
 key of what decided it: a rerun of the stage, after a kill or after one model, task or setting changed,
 or a queued experiment's, trains only the runs whose key is new.
@@ -21,11 +22,14 @@ from xdbert.stage import run
 def read(p: dict) -> tuple:
     """(profile, the study's families, each task's settings): every param this stage reads, checked;
     tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
+    from xdbert.data.mechanism import VIS, MechanismSettings
     from xdbert.data.tasks.registry import get_task, task_names
     from xdbert.finetuning.settings import FinetuneSettings
     from xdbert.model.settings import families
 
-    return p["profile"], families(p), [FinetuneSettings.from_params(p, get_task(name)) for name in task_names(p)]
+    mechanism = MechanismSettings.from_params(p)  # its rows on `vis` and on its control task, where it is on
+    tasks = task_names(p) + ([VIS] if mechanism.enabled else [])
+    return p["profile"], families(p), [FinetuneSettings.from_params(p, get_task(name), mechanism) for name in tasks]
 
 
 def main() -> None:

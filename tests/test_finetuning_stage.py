@@ -19,6 +19,7 @@ from xdbert.errors import PipelineError
 from xdbert.finetuning import engine, grid
 from xdbert.finetuning.job import prepare
 from xdbert.finetuning.results import write_results
+from xdbert.profiles import values
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -65,7 +66,8 @@ def workdir(tmp_path, bert_dir):
                 tmp_path / "data" / "tasks", "test")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({
         "profile": "embedded", "tasks": {"names": ["sst2", "stsb"]}, "adapt": {"family": "tiny", "variants": {}},
-        "families": {"tiny": {"label": "Tiny", "size": "base", "layer_lr_decay": 1.0}}, "finetune": FINETUNE_PARAMS}))
+        "families": {"tiny": {"label": "Tiny", "size": "base", "layer_lr_decay": 1.0}}, "finetune": FINETUNE_PARAMS,
+        "mechanism": {**values("embedded")["mechanism"], "enabled": False}}))
     return tmp_path
 
 

@@ -23,8 +23,10 @@ from xdbert.data.synthetic.documents import generate_corpus
 from xdbert.data.synthetic.glue import gen_cola
 from xdbert.data.synthetic.readability import READ_NOISE, readability_features, readability_target
 from xdbert.data.synthetic.tasks import generate_task
-from xdbert.data.synthetic.words import AFFORDANCES, INTRANSITIVE, SYNONYM_FORMS, VERBS
+from xdbert.data.mechanism import MechanismSettings
+from xdbert.data.synthetic.words import AFFORDANCES, INTRANSITIVE, PATTERNS, SYNONYM_FORMS, VERBS
 from xdbert.data.tasks import TASK_NAMES, compute_metrics, get_task, schema
+from xdbert.data.tasks.registry import task_names
 from xdbert.data.tasks import hub
 from xdbert.data.tasks.settings import TasksSettings
 from xdbert.errors import PipelineError
@@ -62,6 +64,27 @@ def test_registry_matches_the_paper():
     assert [n for n in TASK_NAMES if not get_task(n).pair] == ["cola", "sst2", "read"]
     assert [n for n in TASK_NAMES if get_task(n).kind == "regression"] == ["stsb", "read"]
     assert not get_task("read").higher_is_better
+
+
+def test_vis_is_a_task_but_not_one_of_tasks_names():
+    vis = get_task("vis")
+    assert (vis.kind, vis.num_labels, vis.pair, vis.dev_splits, vis.metric) == ("classification", 4, False, ("dev",), "accuracy")
+    assert vis.label_names == tuple(PATTERNS) and "vis" not in TASK_NAMES
+    with pytest.raises(PipelineError, match="`tasks.names` lists 'vis', the mechanism study's probe task"):
+        TasksSettings.from_params(tasks_params(names=["rte", "vis"]))
+    with pytest.raises(PipelineError, match="`tasks.names` lists 'vis'"):
+        task_names(tasks_params(names=["vis"]))
+
+
+def test_mechanism_needs_all_four_patterns_in_any_order():
+    p = values("embedded")
+    p["mechanism"]["patterns"] = ["floral", "plaid", "spotted", "striped"]  # a label is the word's position
+    assert MechanismSettings.from_params(p).patterns == ("floral", "plaid", "spotted", "striped")
+    p["mechanism"]["patterns"] = ["striped", "spotted", "plaid"]
+    with pytest.raises(PipelineError, match="`mechanism.patterns` must list all four attribute words"):
+        MechanismSettings.from_params(p)
+    p["mechanism"]["enabled"] = False  # off, the corpus may use any of them
+    assert MechanismSettings.from_params(p).patterns == ("striped", "spotted", "plaid")
 
 
 def test_unknown_task_lists_allowed_names():
@@ -496,10 +519,14 @@ def test_simple_baselines_learn_every_generated_task(generated):
 # The stage
 # ------------------------------------------------------------------------------------------------
 
-def run_stage(cwd: Path, **overrides) -> subprocess.CompletedProcess:
+VIS_SIZES = {"train": 48, "f_plus": 32, "f_zero": 16, "t": 16}
+
+
+def run_stage(cwd: Path, mechanism: bool = False, **overrides) -> subprocess.CompletedProcess:
     params = {"profile": "embedded", "tasks": {**values("embedded")["tasks"], "source": "generated",
                                                "names": ["rte", "mnli", "swag", "read"], "train_size": 30,
-                                               "train_sizes": {}, "dev_size": 12, "read_path": "", "seed": 0}}
+                                               "train_sizes": {}, "dev_size": 12, "read_path": "", "seed": 0},
+              "mechanism": {**values("embedded")["mechanism"], "enabled": mechanism, "control_task": "rte", "vis": VIS_SIZES}}
     params["tasks"].update(overrides)
     (cwd / "params.yaml").write_text(yaml.safe_dump(params))
     return subprocess.run([sys.executable, str(ROOT / "stages" / "tasks.py")], cwd=cwd, capture_output=True, text=True)
@@ -519,6 +546,43 @@ def test_stage_writes_every_task_and_summary(tmp_path):
     table = pq.read_table(out / "swag" / "train.parquet")
     assert table.schema == schema(get_task("swag"))
     assert table.equals(generate_task("swag", 30, 12, 0)["train"])
+
+
+def test_stage_writes_vis_and_its_dev_kinds_with_the_study_on(tmp_path):
+    r = run_stage(tmp_path, mechanism=True, seed=3)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "data" / "tasks"
+    assert sorted(p.name for p in (out / "vis").iterdir()) == ["dev.parquet", "dev_kinds.parquet", "train.parquet"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks"]["vis"]["splits"]["train"]["size"] == 48
+    assert "vis" in r.stdout
+    dev, train = pq.read_table(out / "vis" / "dev.parquet"), pq.read_table(out / "vis" / "train.parquet")
+    assert dev.schema == schema(get_task("vis")) and (train.num_rows, dev.num_rows) == (48, 64)
+    kinds = pq.read_table(out / "vis" / "dev_kinds.parquet")
+    assert kinds.schema == pa.schema([("idx", pa.int64()), ("kind", pa.string()), ("object", pa.string())])
+    assert kinds.column("idx").to_pylist() == dev.column("idx").to_pylist()
+    rows = kinds.to_pandas().assign(label=dev.column("label").to_numpy(), text=dev.column("text_a").to_pylist())
+    assert rows.kind.value_counts().to_dict() == {"F+": 32, "F0": 16, "T=": 8, "T!=": 8}
+    for kind, group in rows.groupby("kind"):  # labels as even as each kind's size allows: 4 words
+        assert sorted(group.label.value_counts().reindex(range(4), fill_value=0)) == [len(group) // 4] * 4, kind
+    words = dict(enumerate(PATTERNS))
+    for _, row in rows.iterrows():  # the object is the one the sentence names; T rows state their label's word
+        assert re.search(rf"\b{row.object}", row.text), (row.object, row.text)
+        stated = [w for w in PATTERNS if re.search(rf"\b{w}\b", row.text)]
+        assert stated == ([words[row.label]] if row.kind.startswith("T") else []), row.text
+    facts = MechanismSettings.from_params({**values("embedded"), "tasks": {**values("embedded")["tasks"], "names": ["rte"]},
+                                           "mechanism": {**values("embedded")["mechanism"], "control_task": "rte"}}).facts()
+    for _, row in rows[rows.kind != "T!="].iterrows():  # F+, F0 and T= are labelled with the object's fact
+        assert words[row.label] == facts.real[row.object], row.text
+    assert set(rows[rows.kind == "F+"].object) <= {o for o, s in facts.split.items() if s == "dev_captioned"}
+    assert set(rows[rows.kind == "F0"].object) <= {o for o, s in facts.split.items() if s == "dev_uncaptioned"}
+
+
+def test_stage_with_the_study_off_writes_no_vis(tmp_path):
+    r = run_stage(tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "data" / "tasks" / "vis").exists()
+    assert "vis" not in json.loads((tmp_path / "data" / "tasks" / "summary.json").read_text())["tasks"]
 
 
 def test_stage_train_sizes_override_one_task_and_leave_the_others_byte_identical(tmp_path):

@@ -21,7 +21,7 @@ from xdbert.analysis.grounding import GroundingSettings
 from xdbert.analysis.pwcca import PwccaSettings
 from xdbert.data.captions import CaptionSettings
 from xdbert.data.corpus import CorpusSettings
-from xdbert.data.mechanism import MechanismSettings
+from xdbert.data.mechanism import VIS, MechanismSettings
 from xdbert.data.tasks.registry import get_task
 from xdbert.data.tasks.settings import TasksSettings
 from xdbert.data.tokenization.build import Settings as TokenizeSettings
@@ -73,8 +73,8 @@ def check(p: dict) -> None:
     if mechanism.enabled:
         _named("mechanism.models", mechanism.models, [P.BASELINE, P.PROPOSED, *variants], "the baseline or an adapt variant")
         _named("mechanism.full_models", mechanism.full_models, [P.PROPOSED, *variants], "an adapt variant with CLIP")
-    for name in tasks.names:
-        FinetuneSettings.from_params(p, get_task(name))
+    for name in [*tasks.names, *([VIS] if mechanism.enabled else [])]:  # as the finetune stage reads them
+        FinetuneSettings.from_params(p, get_task(name), mechanism)
     study = AggregateSettings.from_params(p).study
     PwccaSettings.from_params(p, files=False)
     grounding = GroundingSettings.from_params(p, files=False)

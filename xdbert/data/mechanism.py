@@ -77,9 +77,9 @@ class MechanismSettings:
         get = P.getter(sec, "mechanism")
         enabled = P.flag(get("enabled"), "mechanism.enabled")
         counts = {k: P.positive(get(k), f"mechanism.{k}") for k in ("n_train", "n_dev_captioned", "n_dev_uncaptioned")}
-        if enabled and not patterns:
-            raise PipelineError("`mechanism.patterns` is empty with `mechanism.enabled: true`: the facts need at least "
-                                f"two attribute words of {', '.join(PATTERNS)}")
+        if enabled and sorted(patterns) != sorted(PATTERNS):  # the probe task `vis` is 4-way, labelled by position
+            raise PipelineError(f"`mechanism.patterns` must list all four attribute words {', '.join(PATTERNS)} (in any "
+                                f"order: a `vis` label is the word's position) with `mechanism.enabled: true`; got {list(patterns)!r}")
         if enabled and sum(counts.values()) != len(objects):
             raise PipelineError(f"`mechanism.n_train` + `n_dev_captioned` + `n_dev_uncaptioned` must be the "
                                 f"{len(objects)} objects (44 old + `mechanism.extra_objects`); got {sum(counts.values())}")

@@ -4,9 +4,13 @@ A run finetunes one model on one task for every seed. Three kinds of model are f
 - `encoder`: an adapted language encoder, models/adapted/<family>/<name> (Table 1: every family's MLM
   baseline and XDBERT; Table 3: the ablation variants of `adapt.family`, on `finetune.ablation_tasks` only);
 - `full`: a family's whole cross-modal model, models/crossmodal/<family>/<name> (Table 8);
-- `clip`: CLIP's text tower alone, models/pretrain_clip (Table 1's CLIP-T row, on `finetune.clip_tasks`).
+- `clip`: a CLIP text tower alone, models/pretrain_<model> (Table 1's CLIP-T row, model `clip`, on
+  `finetune.clip_tasks`; the mechanism study's twin tower, model `clip_nofacts`).
 A run's results folder is named after its family and model: `<family>/<name>`, `<family>/full_<name>`, or
-`clip_t` for the one CLIP run.
+`<model>_t` for a CLIP run (`clip_t`, `clip_nofacts_t`).
+
+The mechanism study (`mechanism.enabled`) adds its rows of `adapt.family` on the probe task `vis` (they alone)
+and on `mechanism.control_task`, under Table 1's protocol (`Study.mechanism_runs`).
 
 Table 3 has a protocol of its own (`finetune.ablation_lr`, `finetune.ablation_seeds`): the paper ran every
 ablation at lr 1e-4, CoLA included (Table 1's CoLA rate is 2e-5), with 5 runs, RTE included (Table 1's RTE
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from xdbert import io, params, paths
+from xdbert.data.tasks.registry import VIS_SPEC
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ablation_family, family_names
 
@@ -34,16 +39,30 @@ class ModelFolder:
     run_name: str                        # the run's results folder, `{}` standing for the model name
 
 
+TOWER_PREFIX = "pretrain_"           # a tower's model name is its folder's without it: clip, clip_nofacts
+
+
+def clip_model(tower: str) -> str:
+    """The model name of a CLIP tower's run (its folder under models/, of `paths.CLIP_TOWERS`)."""
+    return tower.removeprefix(TOWER_PREFIX)
+
+
+def clip_tower(model: str) -> Path:
+    """The folder of the CLIP tower a `clip` run of `model` finetunes."""
+    return paths.PRETRAIN_CLIP.parent / (TOWER_PREFIX + model)
+
+
 MODEL_FOLDERS: dict[str, ModelFolder] = {
     "encoder": ModelFolder(paths.adapted, str(paths.adapted("<family>", "<name>")), "config.json", "{}"),
-    "clip": ModelFolder(lambda family, name: paths.PRETRAIN_CLIP, str(paths.PRETRAIN_CLIP), paths.CLIP_CONFIG, "{}_t"),
+    "clip": ModelFolder(lambda family, name: clip_tower(name), str(clip_tower("<model>")), paths.CLIP_CONFIG, "{}_t"),
     "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<family>", "<name>")), paths.CROSSMODAL_CONFIG, "full_{}"),
 }
 MODEL_KINDS = tuple(MODEL_FOLDERS)   # what `finetuning.job.prepare` can finetune
-CLIP_MODEL = "clip"                  # the model name of the one `clip` run
+CLIP_MODEL = "clip"                  # the model name of Table 1's `clip` run (models/pretrain_clip)
 
-
+VIS = VIS_SPEC.name        # the mechanism study's probe task (`mechanism.VIS`)
 TABLE3_PREFIX = "table3_"  # the run of a Table 1 model under Table 3's own protocol
+TABLE1_PREFIX = "table1_"  # the run of an ablation variant under Table 1's protocol (the mechanism study's rows)
 
 
 def seed_list(section: dict, key: str, where: str) -> list[int]:
@@ -118,12 +137,17 @@ class Study:
     clip_tasks: list[str]       # Table 1's CLIP-T row
     protocol: AblationProtocol  # how Table 3's runs are finetuned
     families: list[str]         # `families`: Table 1's encoders
-    ablation_family: str        # `adapt.family`: Table 3's
+    ablation_family: str        # `adapt.family`: Table 3's and the mechanism study's
+    # The mechanism study's `MechanismSettings` where it is on (its rows on `vis` and its control task), else None.
+    # Passed in by the stages that finetune or report them, not imported: this module is part of the run cache's
+    # code key (`job.code_files`), which must not follow the study's world generators.
+    mechanism: object | None = None
 
     @classmethod
-    def from_params(cls, p: dict) -> Study:
+    def from_params(cls, p: dict, mechanism=None) -> Study:
         """The run lists of the `finetune` section and the study's families, checked. Table 1's and Table 8's
-        models are adapted by every family, so they can only be its own two (`baseline`, `xdbert`)."""
+        models are adapted by every family, so they can only be its own two (`baseline`, `xdbert`).
+        `mechanism`: `MechanismSettings.from_params(p)`, whose rows join the study where it is enabled."""
         f = params.section(p, "finetune")
         lists = {key: _names(f, key) for key in ("models", "ablations", "ablation_tasks", "full_models", "clip_tasks")}
         for key, allowed in (("models", (params.BASELINE, params.PROPOSED)), ("full_models", (params.PROPOSED,))):
@@ -143,7 +167,7 @@ class Study:
                                 f"(Table 3 shows them anyway, rerun under its own protocol where it has one): list "
                                 f"ablation variants only")
         return cls(**lists, protocol=AblationProtocol.from_params(f), families=family_names(p),
-                   ablation_family=ablation_family(p).name)
+                   ablation_family=ablation_family(p).name, mechanism=mechanism if mechanism and mechanism.enabled else None)
 
     def table3_runs(self) -> dict[str, str]:
         """Table 3's rows: model name -> the run that finetuned it under Table 3's protocol."""
@@ -153,7 +177,49 @@ class Study:
                 **{m: run_name("encoder", m, fam) for m in self.ablations}}
 
     def runs(self, task: str) -> list[Run]:
-        """Every run the study makes on task `task`, in the order their results are written."""
+        """Every run the study makes on task `task`, in the order their results are written: Table 1's, 3's and
+        8's, then the mechanism study's rows that no run of those is (on `vis`: those alone)."""
+        if self.mechanism and task == VIS:
+            return list(self.mechanism_runs(task).values())
+        out = self._table_runs(task)
+        if self.mechanism and task == self.mechanism.control_task:
+            names = {r.name for r in out}
+            out += [r for r in self.mechanism_runs(task).values() if r.name not in names]
+        return out
+
+    def mechanism_runs(self, task: str) -> dict[str, Run]:
+        """The mechanism study's rows on `task` (`vis` or `mechanism.control_task`): row label -> the run whose
+        results hold it. Labels: the model name of each encoder of `mechanism.models`, `full_<name>` of each of
+        `mechanism.full_models`, and `clip_t`, `clip_nofacts_t` of the towers in `mechanism.clip_towers`; every
+        run of `adapt.family`.
+
+        Every row is finetuned under Table 1's protocol (`finetune.seeds`, the task's rate), so the rows of one
+        task compare. On the control task a row Table 1, 3 or 8 already runs under that protocol is that run,
+        reused; an ablation variant that Table 3 runs there under a protocol of its own (`finetune.ablation_lr`
+        or `ablation_seeds` set, the task in `ablation_tasks`) gets a run of its own under Table 1's,
+        `<family>/table1_<name>`.
+        """
+        m = self.mechanism
+        if m is None or task not in (VIS, m.control_task):
+            raise PipelineError(f"task {task!r} has no mechanism study rows: they are on {VIS} and `mechanism.control_task` "
+                                f"with `mechanism.enabled: true`")
+        fam = self.ablation_family
+        ablation = {r.name for r in self._table_runs(task) if r.protocol == "ablation"} if task != VIS else set()
+        rows = {}
+        for name in m.models:
+            run = run_name("encoder", name, fam)
+            if run in ablation:  # Table 3's run of it is under another protocol: not comparable with the other rows
+                run = run_name("encoder", TABLE1_PREFIX + name, fam)
+            rows[name] = Run("encoder", name, run, family=fam)
+        for name in m.full_models:
+            rows[run_name("full", name)] = Run("full", name, run_name("full", name, fam), family=fam)
+        for tower in m.clip_towers:
+            model = clip_model(tower)
+            rows[run_name("clip", model)] = Run("clip", model, run_name("clip", model))
+        return rows
+
+    def _table_runs(self, task: str) -> list[Run]:
+        """The runs of Tables 1, 3 and 8 on task `task`."""
         out = []
         for fam in self.families:
             out += [Run("encoder", m, run_name("encoder", m, fam), family=fam) for m in self.models]

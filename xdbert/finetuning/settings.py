@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xdbert import params
-from xdbert.data.tasks.registry import TASK_NAMES, TaskSpec, task_names
+from xdbert.data.tasks.registry import TASK_NAMES, VIS_SPEC, TaskSpec, task_names
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import Run, Study, seed_list
 
@@ -97,7 +97,8 @@ class FinetuneSettings(RunValues):
     study: Study                    # which models are finetuned
 
     @classmethod
-    def from_params(cls, p: dict, task: TaskSpec) -> FinetuneSettings:
+    def from_params(cls, p: dict, task: TaskSpec, mechanism=None) -> FinetuneSettings:
+        """`mechanism`: the mechanism study's settings where it is on (`Study.from_params`)."""
         f = params.section(p, "finetune")
         s: dict[str, Any] = {key: params.positive(params.get(f, key, "finetune"), f"finetune.{key}")
                              for key in ("epochs", "batch_size", "eval_batch_size", "max_len", "length_group",
@@ -112,11 +113,11 @@ class FinetuneSettings(RunValues):
         lr = params.get(f, "lr", "finetune")
         if not isinstance(lr, dict):
             raise PipelineError(f"`finetune.lr` must map tasks to their rates, e.g. {{rte: {{base: 1.0e-4, large: 5.0e-5}}}}; got {lr!r}")
-        params.subset(list(lr), "finetune.lr", TASK_NAMES, nonempty=False)
+        params.subset(list(lr), "finetune.lr", (*TASK_NAMES, VIS_SPEC.name), nonempty=False)
         for name in dict.fromkeys([task.name, *lr]):  # every task's rates, this task's first: a typo shows in any stage
             _rates(lr, name)
         seeds = seed_list(f, seeds_key(task), "finetune")
-        study = Study.from_params(p)
+        study = Study.from_params(p, mechanism)
         for key in ("ablation_tasks", "clip_tasks"):  # a task outside `tasks.names` has no data: its runs would be dropped
             params.subset(getattr(study, key), f"finetune.{key}", task_names(p), nonempty=False)
         return cls(task=task, **s, lr=lr, seeds=seeds, study=study)

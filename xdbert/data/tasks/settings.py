@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from xdbert import params as P
-from xdbert.data.tasks.registry import TASK_NAMES
+from xdbert.data.tasks.registry import TASK_NAMES, checked_names
 from xdbert.errors import PipelineError
 
 SOURCES = ("generated", "hub")
@@ -39,7 +39,7 @@ class TasksSettings:
         get = P.getter(sec, "tasks")
 
         source = P.choice(get("source"), "tasks.source", SOURCES)
-        names = P.subset(get("names"), "tasks.names", TASK_NAMES)
+        names = checked_names(get("names"))
         if len(set(names)) != len(names):
             raise PipelineError(f"`tasks.names` lists a task twice: {names}")
         common = dict(source=source, names=tuple(names), seed=P.non_negative(get("seed"), "tasks.seed"))
