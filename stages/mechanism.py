@@ -19,7 +19,7 @@ from xdbert import io
 from xdbert import params as P
 from xdbert.data.mechanism import NOFACTS, VIS, MechanismSettings
 from xdbert.errors import PipelineError
-from xdbert.finetuning.runs import CLIP_MODEL, Run, run_name
+from xdbert.finetuning.runs import Run, Study
 from xdbert.model.settings import ablation_family
 from xdbert.paths import (
     CORPUS, MECHANISM_METRICS, MODELS, PRETRAIN_CLIP, PRETRAIN_CLIP_NOFACTS, TASKS, TOKENIZER, VIS_KINDS, adapted,
@@ -33,20 +33,6 @@ NEEDED = {"clip_t": "gate A", "clip_nofacts_t": "gate A", "full_xdbert": "gate B
           "baseline": "gate C", P.PROPOSED: "gates D and E", NOFACTS: "gates D and E"}
 
 
-def mechanism_runs(s: MechanismSettings, family: str) -> dict[str, Run]:
-    """Row label -> the finetuning run of that row, on `vis` and on the control task alike.
-
-    A local stand-in for `Study.mechanism_runs(task)`, which the finetuning stage's owner is adding to
-    xdbert/finetuning/runs.py: the encoders of `mechanism.models` by name, the whole models of
-    `mechanism.full_models` as `full_<name>`, and `clip_t` / `clip_nofacts_t` for the two towers."""
-    out = {m: Run("encoder", m, run_name("encoder", m, family), family=family) for m in s.models}
-    out.update({f"full_{m}": Run("full", m, run_name("full", m, family), family=family) for m in s.full_models})
-    for tower in s.clip_towers:
-        model = CLIP_MODEL if tower == PRETRAIN_CLIP.name else f"{CLIP_MODEL}_{NOFACTS}"
-        out[TOWERS[tower]] = Run("clip", model, run_name("clip", model))
-    return out
-
-
 class Plan(NamedTuple):
     """What `read` checked: the stage's whole plan."""
 
@@ -54,7 +40,7 @@ class Plan(NamedTuple):
     s: MechanismSettings
     family: str                 # adapt.family: the encoders and whole models of the study
     tasks_seed: int             # the tasks stage's seed: the vis examples of each bag-of-words facts seed
-    runs: dict[str, Run]        # row label -> run (empty when the study is off)
+    runs: dict[str, dict[str, Run]]  # vis and the control task -> row label -> run (empty when the study is off)
 
 
 def read(p: dict) -> Plan:
@@ -62,8 +48,9 @@ def read(p: dict) -> Plan:
     s = MechanismSettings.from_params(p)
     family = ablation_family(p).name
     tasks_seed = P.non_negative(P.get(P.section(p, "tasks"), "seed", "tasks"), "tasks.seed")
-    runs = mechanism_runs(s, family) if s.enabled else {}
-    missing = [f"{label} ({why})" for label, why in NEEDED.items() if s.enabled and label not in runs]
+    study = Study.from_params(p, s) if s.enabled else None
+    runs = {task: study.mechanism_runs(task) for task in (VIS, s.control_task)} if s.enabled else {}
+    missing = [f"{label} ({why})" for label, why in NEEDED.items() if s.enabled and label not in runs[VIS]]
     if missing:
         raise PipelineError(f"the mechanism study's gates need the rows {', '.join(missing)}: list them in "
                             f"`mechanism.models`, `mechanism.full_models` (as the name after full_) or "
@@ -92,7 +79,7 @@ def check_inputs(plan: Plan, control_split: str) -> None:
     files = [TOKENIZER / "tokenizer_config.json", CORPUS / "train.parquet",
              *(TASKS / VIS / f for f in ("train.parquet", "dev.parquet", VIS_KINDS)),
              TASKS / plan.s.control_task / f"{control_split}.parquet"]
-    files += [predictions(task, r.name) for task in (VIS, plan.s.control_task) for r in plan.runs.values()]
+    files += [predictions(task, r.name) for task, rows in plan.runs.items() for r in rows.values()]
     if plan.s.replication:
         files.append(Path(plan.s.replication))
     for f in files:
@@ -195,11 +182,12 @@ def study(plan: Plan, control_split: str, replication) -> tuple[dict, str]:
     dev = io.read_parquet(TASKS / VIS / "dev.parquet", "run `dvc repro tasks`").to_pandas().set_index("idx")
     control_dev = io.read_parquet(TASKS / s.control_task / f"{control_split}.parquet", "run `dvc repro tasks`")
     correct, preds = {}, {}
-    for label, r in plan.runs.items():
+    for label, r in plan.runs[VIS].items():
         try:
             preds[label] = read_predictions(predictions(VIS, r.name))
             vis = M.correct_matrix(preds[label], "dev", idx)[1]
-            control = M.correct_matrix(read_predictions(predictions(s.control_task, r.name)), control_split)[1]
+            on_control = predictions(s.control_task, plan.runs[s.control_task][label].name)
+            control = M.correct_matrix(read_predictions(on_control), control_split)[1]
         except ValueError as e:
             raise PipelineError(f"{e}; {RERUN}") from None
         correct[label] = (vis, control)
@@ -268,7 +256,7 @@ def study(plan: Plan, control_split: str, replication) -> tuple[dict, str]:
               "probe": {name: {"probe_layer": at[name]["layer"], "layers": rows_} for name, rows_ in probes.items()}}
     seeds = sorted({int(x) for x in preds[P.PROPOSED]["seed"].unique()})
     head = header("The mechanism study: do CLIP's facts reach the encoder?", plan.profile,
-                  ", ".join(plan.runs), ", ".join(map(str, seeds))) + f"\n{S.summary(gates)}\n"
+                  ", ".join(plan.runs[VIS]), ", ".join(map(str, seeds))) + f"\n{S.summary(gates)}\n"
     shown = {name: {k: v for k, v in r.items() if k != "correct"} for name, r in at.items()}
     return result, M.report_markdown(head, gates, rows, n, chance, bow, shown, settings, s.control_task)
 

@@ -124,14 +124,16 @@ def build_project(root, leak: bool = False, d_holds: bool = False) -> dict:
     # predictions: chance-level rows, except the facts rows on F+ where asked
     stage = load_stage("mechanism")
     f_plus = kinds == "F+"
-    for label, run in stage.mechanism_runs(s, fam).items():
+    runs = stage.read(p).runs  # Study.mechanism_runs: on the control task a row may be a run of its own
+    for label, run in runs["vis"].items():
         right = rng.random((len(SEEDS), len(dev_labels))) < 0.3
         if label in ("clip_t",) or (d_holds and label == "xdbert"):
             right[:, f_plus] = True
         if label in ("clip_nofacts_t", "nofacts") or (d_holds and label == "xdbert"):
             right[:, ~f_plus] = np.random.default_rng(1).random((len(SEEDS), int((~f_plus).sum()))) < 0.3
         write_predictions(root, "vis", run.name, dev_labels, right)
-        write_predictions(root, control, run.name, control_labels, np.random.default_rng(2).random((3, 40)) < 0.6)
+        write_predictions(root, control, runs[control][label].name, control_labels,
+                          np.random.default_rng(2).random((3, 40)) < 0.6)
     (root / "params.yaml").write_text(yaml.safe_dump(p))
     return p
 

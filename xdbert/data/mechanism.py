@@ -98,7 +98,11 @@ class MechanismSettings:
         if not isinstance(gates, dict) or sorted(gates) != sorted(GATE_KEYS):
             raise PipelineError(f"`mechanism.gates` must have exactly the keys {', '.join(GATE_KEYS)}; got "
                                 f"{sorted(gates) if isinstance(gates, dict) else gates!r}")
-        checked = {"level": P.fraction(gates["level"], "mechanism.gates.level"),
+        level = gates["level"]
+        if not isinstance(level, float) or not 0 < level < 1:  # an interval's coverage: 0 and 1 give no interval
+            raise PipelineError(f"`mechanism.gates.level` must be a number strictly between 0 and 1 (0.95: 95% intervals); "
+                                f"got {level!r}")
+        checked = {"level": level,
                    "lambda": P.positive(gates["lambda"], "mechanism.gates.lambda", float),
                    "probe_layer": P.choice(gates["probe_layer"], "mechanism.gates.probe_layer", PROBE_LAYERS),
                    **{k: P.positive(gates[k], f"mechanism.gates.{k}") for k in ("n_boot", "exact_below", "n_perm", "n_flip")},
@@ -120,7 +124,10 @@ class MechanismSettings:
         from xdbert.data.synthetic.world import draw_facts
 
         try:
-            return draw_facts(list(self.objects), self.n_old, list(self.patterns), self.seed if seed is None else seed,
+            # the words in `words.PATTERNS`' order, whatever order params list them in: a fact's label is its
+            # index there (the `vis` task's label names)
+            attributes = [w for w in PATTERNS if w in self.patterns]
+            return draw_facts(list(self.objects), self.n_old, attributes, self.seed if seed is None else seed,
                               self.n_train, self.n_dev_captioned, self.n_dev_uncaptioned)
         except ValueError as e:
             raise PipelineError(f"`mechanism`: {e}") from e
