@@ -92,8 +92,16 @@ def test_the_whole_graph_runs_then_skips(repo):
         assert {f"adapt@{family}", f"adapt_baseline@{family}"} <= stages, first
     assert json.loads((repo / "models/pretrain_encoder/electra/config.json").read_text())["model_type"] == "electra"
     assert (repo / "models/pretrain_clip/clip_config.json").is_file()
-    for name in ("tasks", "pretrain_encoder@electra", "aggregate", "pwcca", "grounding", "attention"):
+    for name in ("tasks", "captions", "pretrain_encoder@electra", "aggregate", "pwcca", "grounding", "attention",
+                 "mechanism", "ablate@nofacts"):
         assert name in stages, first
+    # the mechanism study, at toy sizes: the twin tower, the vis task's runs, and a report with all five gates
+    assert (repo / "models/pretrain_clip_nofacts/clip_config.json").is_file()
+    assert (repo / "results/finetune/vis/clip_nofacts_t/metrics.json").is_file()
+    mechanism = (repo / "reports/mechanism.md").read_text()
+    for gate in "ABCDE":
+        assert f"\n| {gate} | " in mechanism and (f"| {gate} | " in mechanism), mechanism
+    assert "Mechanism study (reports/mechanism.md): gates A " in (repo / "reports/table1.md").read_text()
     assert "finetune" in stages
     for report in ("table1.md", "table2.md", "table3.md", "table6.md", "table8.md", "figure4.md", "attention.md"):
         assert (repo / "reports" / report).stat().st_size > 0

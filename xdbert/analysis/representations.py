@@ -40,11 +40,7 @@ def neutral_sentences(n: int, seed: int = 0) -> list[str]:
 
 def _positions(ids, token: int, word: str, sentences: list[str]):
     """Where `word`'s one token `token` stands in each row of `ids` (S, L) -> (S,): ValueError unless once in each."""
-    counts = (ids == token).sum(1)
-    for count, sentence in zip(counts.tolist(), sentences):
-        if count != 1:
-            raise ValueError(f"the object {word!r} occurs {count} times as a token in {sentence!r}; the probe needs it once")
-    return (ids == token).int().argmax(1)
+    return _span(ids, [token], word, sentences)[:, 0]
 
 
 def _stack(per_object: list[list]) -> list[np.ndarray]:
@@ -88,8 +84,10 @@ def encoder_features(model, tok, objects: list[str], frames: list[str]) -> list[
     """Per hidden state of a transformers encoder (the embeddings, each layer): (objects, width) float64,
     the state at the object word averaged over `frames` (`{}` for the object).
 
-    `tok` is the encoder's tokenizer; each object must be one known token (not [UNK]) and occur once in
-    each sentence (else ValueError). The model is put in eval mode.
+    `tok` is the encoder's tokenizer. An object split into word pieces (a small trained vocabulary, as the
+    micro profile's) is the mean of its pieces' states, as probing work does; the embedded profile's objects
+    are single tokens (a test). No piece may be [UNK], and the object must occur once in each sentence
+    (else ValueError). The model is put in eval mode.
     """
     import torch
 
@@ -98,15 +96,29 @@ def encoder_features(model, tok, objects: list[str], frames: list[str]) -> list[
     with torch.no_grad():
         for obj in objects:
             pieces = tok.tokenize(obj)
-            if len(pieces) != 1 or pieces[0] == tok.unk_token:
-                raise ValueError(f"the object {obj!r} is the tokens {pieces} in the encoder's vocabulary, not one known token")
+            if not pieces or tok.unk_token in pieces:
+                raise ValueError(f"the object {obj!r} is the tokens {pieces} in the encoder's vocabulary: not known")
             sentences = [f.format(obj) for f in frames]
             batch = tok(sentences, return_tensors="pt", padding=True)
-            pos = _positions(batch["input_ids"], tok.convert_tokens_to_ids(pieces[0]), obj, sentences)
+            span = _span(batch["input_ids"], tok.convert_tokens_to_ids(pieces), obj, sentences)
             hidden = model(**batch, output_hidden_states=True).hidden_states
-            rows = torch.arange(len(frames))
-            out.append([h[rows, pos].mean(0).double().numpy() for h in hidden])
+            rows = torch.arange(len(frames))[:, None]
+            out.append([h[rows, span].mean(1).mean(0).double().numpy() for h in hidden])
     return _stack(out)
+
+
+def _span(ids, pieces: list[int], word: str, sentences: list[str]):
+    """Where `word`'s pieces stand in each row of `ids` (S, L) -> (S, len(pieces)): ValueError unless once in each."""
+    import torch
+
+    k = len(pieces)
+    windows = ids.unfold(1, k, 1)                              # (S, L - k + 1, k)
+    found = (windows == torch.tensor(pieces)).all(-1)          # (S, L - k + 1)
+    for count, sentence in zip(found.sum(1).tolist(), sentences):
+        if count != 1:
+            what = "a token" if k == 1 else "its tokens"
+            raise ValueError(f"the object {word!r} occurs {count} times as {what} in {sentence!r}; the probe needs it once")
+    return found.int().argmax(1)[:, None] + torch.arange(k)
 
 
 def words(sentence: str) -> list[str]:
