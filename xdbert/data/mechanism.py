@@ -81,13 +81,15 @@ class MechanismSettings:
             raise PipelineError(f"`mechanism.patterns` must list all four attribute words {', '.join(PATTERNS)} (in any "
                                 f"order: a `vis` label is the word's position) with `mechanism.enabled: true`; got {list(patterns)!r}")
         if enabled and sum(counts.values()) != len(objects):
-            raise PipelineError(f"`mechanism.n_train` + `n_dev_captioned` + `n_dev_uncaptioned` must be the "
-                                f"{len(objects)} objects (44 old + `mechanism.extra_objects`); got {sum(counts.values())}")
+            raise PipelineError(f"`mechanism.n_train` + `mechanism.n_dev_captioned` + `mechanism.n_dev_uncaptioned` must "
+                                f"be the {len(objects)} objects (44 old + `mechanism.extra_objects`); got {sum(counts.values())}")
         vis = get("vis")
         if not isinstance(vis, dict) or sorted(vis) != sorted(VIS_SIZES):
             raise PipelineError(f"`mechanism.vis` must map {', '.join(VIS_SIZES)} to sizes; got {vis!r}")
         names = {k: _names(get(k), f"mechanism.{k}") for k in ("models", "full_models")}
         clip_towers = P.subset(get("clip_towers"), "mechanism.clip_towers", CLIP_TOWERS)
+        if len(set(clip_towers)) != len(clip_towers):  # one CLIP-T row per tower
+            raise PipelineError(f"`mechanism.clip_towers` lists a tower twice: {clip_towers}")
         control = get("control_task")
         if enabled and control not in P.get(P.section(params, "tasks"), "names", "tasks"):
             raise PipelineError(f"`mechanism.control_task` {control!r} must be a task of `tasks.names`, whose runs it reads")
