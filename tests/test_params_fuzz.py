@@ -392,7 +392,8 @@ SCHEMA: dict[str, Spec] = {
         lambda p, path: st.one_of(*([st.sampled_from([VIS, *[t for t in TASK_NAMES if t not in p["tasks"]["names"]], "rte_unknown"])]
                                            if STUDY_ON(p) else []), EMPTY)),
     "mechanism.sentences": pos_int(1000),
-    "mechanism.bow_seeds": spec(SEEDS.valid(None, None), wrong("list"), st.one_of(st.just([]), st.integers(-10**6, -1).map(lambda s: [s]))),
+    "mechanism.bow_seeds": spec(SEEDS.valid(None, None), wrong("list"),  # a seed twice first: the section's own check
+                                st.one_of(st.integers(0, 9).map(lambda s: [s, s]), SEEDS.bad(None, None))),
     "mechanism.replication": spec(st.one_of(st.just(""), NAME), wrong("text")),
     "mechanism.gates.level": spec(st.floats(0, 1, exclude_min=True, exclude_max=True), wrong("float"),
                                   st.one_of(st.sampled_from([0.0, 1.0]), NOT_FRACTION)),

@@ -96,6 +96,9 @@ class MechanismSettings:
         bow_seeds = get("bow_seeds")
         if not isinstance(bow_seeds, list) or not bow_seeds:
             raise PipelineError(f"`mechanism.bow_seeds` must be a non-empty list of facts seeds; got {bow_seeds!r}")
+        bow_seeds = tuple(P.non_negative(s, "entry of `mechanism.bow_seeds`") for s in bow_seeds)
+        if len(set(bow_seeds)) != len(bow_seeds):  # each seed's facts pooled once
+            raise PipelineError(f"`mechanism.bow_seeds` lists a seed twice: {list(bow_seeds)}")
         gates = get("gates")
         if not isinstance(gates, dict) or sorted(gates) != sorted(GATE_KEYS):
             raise PipelineError(f"`mechanism.gates` must have exactly the keys {', '.join(GATE_KEYS)}; got "
@@ -117,7 +120,7 @@ class MechanismSettings:
             vis={k: P.positive(vis[k], f"mechanism.vis.{k}") for k in VIS_SIZES}, **names,
             clip_towers=tuple(clip_towers), control_task=P.nonempty_str(control, "mechanism.control_task"),
             sentences=P.positive(get("sentences"), "mechanism.sentences"),
-            bow_seeds=tuple(P.non_negative(s, "entry of `mechanism.bow_seeds`") for s in bow_seeds),
+            bow_seeds=bow_seeds,
             replication=_replication(get("replication")),
             gates={k: checked[k] for k in GATE_KEYS})
 
