@@ -5,8 +5,8 @@ right type out of range. From it, each generated params file is a profile with
   (a) one value of a wrong type, (b) one value out of range, or (c) one unknown key or section: the check
       exits 2 with one line, `error: ...`, naming the key, and writes nothing;
   (d) valid values for one or several keys (the cross-key rules kept), maybe a new adapt variant: it passes.
-(a), (b) and (d) run for every key of the schema (parametrized), wherever it occurs in any profile: about 760
-params files in all (`FILES`), in some 15 seconds. They go through the command in this process (typer's
+(a), (b) and (d) run for every key of the schema (parametrized), wherever it occurs in any profile: about 1000
+params files in all (`FILES`), in about a minute. They go through the command in this process (typer's
 CliRunner); three fixed files through a real `xdbert check` subprocess. Derandomized: every run checks the
 same files, so CI is reproducible; raise `FUZZ` (or drop `derandomize`) to search wider by hand.
 """
@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -32,15 +32,20 @@ from xdbert import params as P
 from xdbert import profiles
 from xdbert.analysis.grounding import TASK_TITLES
 from xdbert.cli import app
+from xdbert.data.mechanism import GATE_KEYS, VIS, VIS_SIZES
+from xdbert.data.synthetic.words import EXTRA_OBJECTS, OBJECTS, PATTERNS
 from xdbert.data.tasks.registry import TASK_NAMES
 from xdbert.data.tokenization.vocab import encoder_positions as positions_of
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import Study
 from xdbert.model import LOSSES, PAPER_LOSSES
 from xdbert.model.settings import FAMILY_KEYS
+from xdbert.paths import CLIP_TOWERS, PRETRAIN_CLIP_NOFACTS
 
 FUZZ = {"wrong_type": 2, "out_of_range": 2, "unknown_key": 30, "valid": 2}  # examples per key (per test for unknown_key)
-FUZZ_SETTINGS = dict(deadline=None, derandomize=True, database=None,
+# No shrinking: a failing example is reported as drawn (each draw is labelled with its key). Shrinking reruns the
+# check hundreds of times, some 30 seconds a failing key: a schema change that failed every key ran for hours.
+FUZZ_SETTINGS = dict(deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
                      suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 # -- building blocks ---------------------------------------------------------------------------------------
@@ -120,6 +125,38 @@ SEEDS = spec(st.lists(st.integers(0, 10**6), min_size=1, max_size=9, unique=True
              st.one_of(st.just([]), st.integers(0, 9).map(lambda s: [s, s]), st.integers(-10**6, -1).map(lambda s: [s])))
 ADAPT_VARIANTS = lambda p: list(p["adapt"]["variants"])  # noqa: E731
 FAMILIES = lambda p: list(p["families"])  # noqa: E731
+STUDY_ON = lambda p: p["mechanism"]["enabled"]  # noqa: E731
+
+
+def when_on(on: Any, off: Any) -> Strategy:
+    """`on` where the mechanism study is enabled, else `off` (values, strategies or None)."""
+    return lambda p, path: on if STUDY_ON(p) else off
+
+
+def nofacts_towers(p: dict) -> list[str]:
+    """The adaptations beside the study's twin tower (`adapt.clip_tower: pretrain_clip_nofacts`)."""
+    return [name for name in [*p["adapt"]["variants"], "baseline", "xdbert"]
+            if adapt_values(p, name)["clip_tower"] == PRETRAIN_CLIP_NOFACTS.name]
+
+
+def current(p: dict, path: tuple) -> st.SearchStrategy:
+    """The value `path` has now: where the rules tie a key to others, the simple valid value."""
+    node = p
+    for key in path:
+        node = node[key]
+    return st.just(node)
+
+
+def object_count() -> Spec:
+    """`mechanism.n_train` and the dev counts: with the study on they sum to the objects (kept as they are)."""
+    return spec(lambda p, path: current(p, path) if STUDY_ON(p) else st.integers(1, 10**6), wrong("int"),
+                lambda p, path: st.one_of(NOT_POSITIVE_INT, *([current(p, path).map(lambda n: n + 1)] if STUDY_ON(p) else [])))
+
+
+def model_names(options: Callable[[dict], list]) -> Spec:
+    """`mechanism.models` / `full_models`: names of `options(p)`; checked against the variants with the study on."""
+    return names(options, bad=lambda p, path: st.one_of(st.just(["xdbert", "xdbert"]), st.just(["a.b"]),
+                                                        *([st.lists(UNKNOWN, min_size=1, max_size=2)] if STUDY_ON(p) else [])))
 
 
 def adapt_values(p: dict, name: str) -> dict:
@@ -175,7 +212,7 @@ def divisors(n: int) -> list[int]:
 
 
 # Adapt keys a valid variant may override, each with the adapt key's spec (`valid_value` keeps the rules).
-OVERRIDABLE = ("losses", "cross_layers", "clip_heads", "freeze_clip", "mlm_negatives", "init_range", "cliptc_vocab",
+OVERRIDABLE = ("losses", "cross_layers", "clip_heads", "freeze_clip", "clip_tower", "mlm_negatives", "init_range", "cliptc_vocab",
                "epochs", "lr", "warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob", "eval_windows",
                "precision", "compile", "seed")
 
@@ -195,8 +232,10 @@ SCHEMA: dict[str, Spec] = {
     "tasks.source": choice("generated", "hub"),
     "tasks.names": names(lambda p: list(TASK_NAMES), min_size=1,
                          required=lambda p: list(dict.fromkeys([*p["grounding"]["tasks"], p["attention"]["task"],
-                                                                *p["finetune"]["ablation_tasks"], *p["finetune"]["clip_tasks"]])),
-                         bad=st.one_of(st.just([]), st.just(["rte", "rte"]), st.lists(UNKNOWN, min_size=1, max_size=2))),
+                                                                *p["finetune"]["ablation_tasks"], *p["finetune"]["clip_tasks"],
+                                                                *([p["mechanism"]["control_task"]] if STUDY_ON(p) else [])])),
+                         bad=st.one_of(st.just([]), st.just(["rte", "rte"]), st.just(["rte", VIS]),  # vis: the study adds it
+                                       st.lists(UNKNOWN, min_size=1, max_size=2))),
     "tasks.train_size": pos_int(), "tasks.dev_size": pos_int(),
     "tasks.train_sizes": spec(st.dictionaries(st.sampled_from(TASK_NAMES), st.integers(1, 10**5), max_size=3),
                               wrong("dict", "none"), st.dictionaries(WORD.filter(lambda w: w not in TASK_NAMES),
@@ -250,6 +289,8 @@ SCHEMA: dict[str, Spec] = {
                                lambda p, path: st.integers(-9, -1) if path[:2] == ("adapt", "baseline") else st.integers(-9, 0)),
     "adapt.clip_heads": pos_int(16),
     "adapt.placeholder": spec(st.booleans(), wrong("bool"), lambda p, path: None if path[1] != "placeholder" else st.just(True)),
+    "adapt.clip_tower": spec(st.sampled_from(CLIP_TOWERS), wrong("text"),  # the twin only where the study is on
+                             when_on(WORD, st.just(PRETRAIN_CLIP_NOFACTS.name))),
     "adapt.freeze_clip": FLAG, "adapt.mlm_negatives": FLAG, "adapt.compile": FLAG,
     **{f"adapt.loss_weights.{name}": pos_float(100.0) for name in PAPER_LOSSES},  # the profiles name no distill weight
     "adapt.init_range": spec(st.one_of(st.none(), st.floats(1e-5, 1.0)), wrong("int", "float", "none"), NOT_POSITIVE),
@@ -290,9 +331,11 @@ SCHEMA: dict[str, Spec] = {
             lambda run: run != p["grounding"]["model" if path[-1] == "baseline" else "baseline"]),
         wrong("text"), st.one_of(EMPTY, UNKNOWN)),
     "grounding.threshold": pos_int(),
-    "grounding.captions": spec(st.one_of(st.sampled_from(["generated", "data/coco/captions_train2017.json"]),
-                                         NAME.filter(lambda n: n.count("/") <= 1)),  # a datasets id is owner/name
-                               wrong("text"), st.sampled_from(["", "inputs/coco/captions.txt"])),
+    "grounding.captions": spec(when_on(st.just("generated"),  # the study's captions state its facts
+                                       st.one_of(st.sampled_from(["generated", "data/coco/captions_train2017.json"]),
+                                                 NAME.filter(lambda n: n.count("/") <= 1))),  # a datasets id is owner/name
+                               wrong("text"), lambda p, path: st.sampled_from([*(["data/coco/captions_train2017.json"] if STUDY_ON(p) else []),
+                                                                                "", "inputs/coco/captions.txt"])),
     "grounding.captions_hub_split": HUB_NAME, "grounding.captions_hub_column": HUB_NAME,
     "grounding.n_captions": pos_int(), "grounding.seed": non_negative(),
     "grounding.stopwords": spec(st.one_of(st.just(""), NAME), wrong("text", "none")),
@@ -327,6 +370,38 @@ SCHEMA: dict[str, Spec] = {
     "finetune.length_group": pos_int(1000), "finetune.clip_blocks_per_sentence": pos_int(16),
     "finetune.precision": choice("auto", "bf16", "fp16", "no"), "finetune.compile": FLAG, "finetune.cuda_graph": FLAG, "finetune.stack": pos_int(64),
 
+    "mechanism.enabled": spec(st.booleans(), wrong("bool"),  # off, where an adaptation's tower is the study's twin
+                              lambda p, path: st.just(False) if nofacts_towers(p) else None),
+    "mechanism.extra_objects": spec(lambda p, path: current(p, path) if STUDY_ON(p) else st.integers(0, len(EXTRA_OBJECTS)), wrong("int"),
+                                    st.one_of(st.integers(-10**6, -1), st.integers(len(EXTRA_OBJECTS) + 1, 10**6))),
+    "mechanism.patterns": spec(  # the study's `vis` is 4-way: all four words; off, none or at least two
+        when_on(st.permutations(PATTERNS), st.permutations(PATTERNS).flatmap(
+            lambda words: st.sampled_from([0, 2, 3, 4]).map(lambda n: list(words[:n])))),
+        wrong("list"), lambda p, path: st.sampled_from([*([PATTERNS[:3], []] if STUDY_ON(p) else []),
+                                                         [PATTERNS[0]], [PATTERNS[0], PATTERNS[0]], ["dotted", PATTERNS[0]]])),
+    "mechanism.seed": non_negative(),
+    **{f"mechanism.{k}": object_count() for k in ("n_train", "n_dev_captioned", "n_dev_uncaptioned")},
+    **{f"mechanism.{k}": fraction() for k in ("fact_share", "fact_rate", "after_object", "caption_share")},
+    **{f"mechanism.vis.{k}": pos_int() for k in VIS_SIZES},
+    "mechanism.models": model_names(lambda p: ["baseline", "xdbert", *ADAPT_VARIANTS(p)]),
+    "mechanism.full_models": model_names(lambda p: ["xdbert", *ADAPT_VARIANTS(p)]),
+    "mechanism.clip_towers": names(lambda p: list(CLIP_TOWERS), min_size=1,
+                                   bad=st.one_of(st.just([CLIP_TOWERS[0]] * 2), st.just([]), st.lists(UNKNOWN, min_size=1, max_size=2))),
+    "mechanism.control_task": spec(  # the study on: a task it runs (`tasks.names`; not `vis`, which it adds)
+        lambda p, path: st.sampled_from(p["tasks"]["names"] if STUDY_ON(p) else TASK_NAMES), wrong("text"),
+        lambda p, path: st.one_of(*([st.sampled_from([VIS, *[t for t in TASK_NAMES if t not in p["tasks"]["names"]], "rte_unknown"])]
+                                           if STUDY_ON(p) else []), EMPTY)),
+    "mechanism.sentences": pos_int(1000),
+    "mechanism.bow_seeds": spec(SEEDS.valid(None, None), wrong("list"),  # a seed twice first: the section's own check
+                                st.one_of(st.integers(0, 9).map(lambda s: [s, s]), SEEDS.bad(None, None))),
+    "mechanism.replication": spec(st.one_of(st.just(""), NAME), wrong("text")),
+    "mechanism.gates.level": spec(st.floats(0, 1, exclude_min=True, exclude_max=True), wrong("float"),
+                                  st.one_of(st.sampled_from([0.0, 1.0]), NOT_FRACTION)),
+    **{f"mechanism.gates.{k}": pos_int() for k in ("n_boot", "exact_below", "n_perm", "n_flip")},
+    "mechanism.gates.lambda": pos_float(100.0),
+    "mechanism.gates.probe_layer": choice("cross_input"),
+    **{f"mechanism.gates.{k}": fraction() for k in ("alpha_a", "alpha_c", "alpha_d", "alpha_e")},
+
     "aggregate.n_boot": pos_int(), "aggregate.seed": non_negative(),
     "hub.revisions": spec(st.dictionaries(NAME, WORD, max_size=2), wrong("dict"),
                           st.dictionaries(NAME, EMPTY, min_size=1, max_size=1)),
@@ -351,7 +426,8 @@ def schema_key(path: tuple) -> str:
 
 
 # -- the cross-key rules the valid values keep (xdbert/adaptation/settings.py, xdbert/model/settings.py,
-#    xdbert/data/tasks/settings.py, xdbert/analysis/pwcca.py, xdbert/params_check.py) --------------------------
+#    xdbert/data/tasks/settings.py, xdbert/data/mechanism.py, xdbert/data/captions.py, xdbert/analysis/pwcca.py,
+#    xdbert/params_check.py) ---------------------------------------------------------------------------------
 
 def rules_kept(p: dict) -> bool:
     a, m, t, f, g = p["adapt"], p["model"], p["tasks"], p["finetune"], p["grounding"]
@@ -379,6 +455,14 @@ def rules_kept(p: dict) -> bool:
     if a["family"] not in p["families"] or not {x for pair in p["pwcca"]["pairs"] for x in pair} <= {*p["families"], "clip", "random"}:
         return False
     variants = list(a["variants"])
+    mech = p["mechanism"]
+    if nofacts_towers(p) and not mech["enabled"]:  # the twin tower is the study's
+        return False
+    if mech["enabled"] and (sorted(mech["patterns"]) != sorted(PATTERNS) or g["captions"] != "generated"
+                            or mech["n_train"] + mech["n_dev_captioned"] + mech["n_dev_uncaptioned"] != len(OBJECTS) + mech["extra_objects"]
+                            or mech["control_task"] not in t["names"] or not set(mech["models"]) <= {*variants, "baseline", "xdbert"}
+                            or not set(mech["full_models"]) <= {*variants, "xdbert"}):
+        return False
     return (set(f["models"]) <= {"baseline", "xdbert"} and set(f["full_models"]) <= {"xdbert"}
             and set(f["ablations"]) <= {*variants, "baseline", "xdbert"} and not set(f["ablations"]) & set(f["models"])
             and set(p["attention"]["variants"]) <= set(with_clip(p)) and p["attention"]["task"] in t["names"]
@@ -508,7 +592,8 @@ def unknown_key(p: dict) -> st.SearchStrategy:
         (): ([*P.KEYS, "profile"], None), **{(section,): (keys, None) for section, keys in P.KEYS.items() if keys},
         ("families",): (list(p["families"]), None),  # a new family that is no mapping
         **{("families", name): (FAMILY_KEYS, f"families.{name}") for name in p["families"]},
-        ("tasks", "train_sizes"): (TASK_NAMES, "tasks.train_sizes"), ("finetune", "lr"): (TASK_NAMES, "finetune.lr"),
+        ("tasks", "train_sizes"): (TASK_NAMES, "tasks.train_sizes"), ("finetune", "lr"): ([*TASK_NAMES, VIS], "finetune.lr"),
+        ("mechanism", "vis"): (VIS_SIZES, "mechanism.vis"), ("mechanism", "gates"): (GATE_KEYS, "mechanism.gates"),
         ("adapt", "loss_weights"): (LOSSES, "adapt.loss_weights"), ("adapt", "baseline"): (adapt_keys, "adapt.baseline"),
         **{("adapt", "variants", v): (adapt_keys, f"adapt.variants.{v}") for v in p["adapt"]["variants"]},
         **{("finetune", "lr", task): (("base", "large", "full"), f"finetune.lr.{task}") for task in p["finetune"]["lr"]},
@@ -565,6 +650,6 @@ def test_the_command_exits_2_with_one_line_and_writes_nothing(workdir):
     r = xdbert_check(text)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.splitlines() == ["error: `adapt.variants.mlm.losses` must be a list drawn from: mlm, match, cliptc, distill; got 'mlm'"]
-    r = xdbert_check(profiles.render("embedded").replace("  n_boot: 200", "  n_boot: 200\n  n_boots: 10"))
+    r = xdbert_check(profiles.render("embedded").replace("\n  n_boot: 200 ", "\n  n_boots: 10\n  n_boot: 200 "))  # aggregate's
     assert r.returncode == 2 and r.stderr.splitlines() == [
         "error: unknown param `aggregate.n_boots` (did you mean `aggregate.n_boot`?); `aggregate` has: n_boot, seed"]

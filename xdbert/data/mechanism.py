@@ -81,19 +81,24 @@ class MechanismSettings:
             raise PipelineError(f"`mechanism.patterns` must list all four attribute words {', '.join(PATTERNS)} (in any "
                                 f"order: a `vis` label is the word's position) with `mechanism.enabled: true`; got {list(patterns)!r}")
         if enabled and sum(counts.values()) != len(objects):
-            raise PipelineError(f"`mechanism.n_train` + `n_dev_captioned` + `n_dev_uncaptioned` must be the "
-                                f"{len(objects)} objects (44 old + `mechanism.extra_objects`); got {sum(counts.values())}")
+            raise PipelineError(f"`mechanism.n_train` + `mechanism.n_dev_captioned` + `mechanism.n_dev_uncaptioned` must "
+                                f"be the {len(objects)} objects (44 old + `mechanism.extra_objects`); got {sum(counts.values())}")
         vis = get("vis")
         if not isinstance(vis, dict) or sorted(vis) != sorted(VIS_SIZES):
             raise PipelineError(f"`mechanism.vis` must map {', '.join(VIS_SIZES)} to sizes; got {vis!r}")
         names = {k: _names(get(k), f"mechanism.{k}") for k in ("models", "full_models")}
         clip_towers = P.subset(get("clip_towers"), "mechanism.clip_towers", CLIP_TOWERS)
+        if len(set(clip_towers)) != len(clip_towers):  # one CLIP-T row per tower
+            raise PipelineError(f"`mechanism.clip_towers` lists a tower twice: {clip_towers}")
         control = get("control_task")
         if enabled and control not in P.get(P.section(params, "tasks"), "names", "tasks"):
             raise PipelineError(f"`mechanism.control_task` {control!r} must be a task of `tasks.names`, whose runs it reads")
         bow_seeds = get("bow_seeds")
         if not isinstance(bow_seeds, list) or not bow_seeds:
             raise PipelineError(f"`mechanism.bow_seeds` must be a non-empty list of facts seeds; got {bow_seeds!r}")
+        bow_seeds = tuple(P.non_negative(s, "entry of `mechanism.bow_seeds`") for s in bow_seeds)
+        if len(set(bow_seeds)) != len(bow_seeds):  # each seed's facts pooled once
+            raise PipelineError(f"`mechanism.bow_seeds` lists a seed twice: {list(bow_seeds)}")
         gates = get("gates")
         if not isinstance(gates, dict) or sorted(gates) != sorted(GATE_KEYS):
             raise PipelineError(f"`mechanism.gates` must have exactly the keys {', '.join(GATE_KEYS)}; got "
@@ -115,7 +120,7 @@ class MechanismSettings:
             vis={k: P.positive(vis[k], f"mechanism.vis.{k}") for k in VIS_SIZES}, **names,
             clip_towers=tuple(clip_towers), control_task=P.nonempty_str(control, "mechanism.control_task"),
             sentences=P.positive(get("sentences"), "mechanism.sentences"),
-            bow_seeds=tuple(P.non_negative(s, "entry of `mechanism.bow_seeds`") for s in bow_seeds),
+            bow_seeds=bow_seeds,
             replication=_replication(get("replication")),
             gates={k: checked[k] for k in GATE_KEYS})
 
