@@ -152,6 +152,21 @@ def test_an_f0_cell_gets_an_exact_interval():
     assert c.method == M.EXACT and 0 <= c.low < c.estimate < c.high <= 1
 
 
+def test_an_exact_cell_estimates_the_centre_its_interval_is_for():
+    """Seeds that disagree: each of 3 seeds gets a different two of 8 objects right. The pooled accuracy is 0.25
+    on every seed, but each object's median over seeds is 0, so the interval for that centre is [0, 0]: the
+    estimate must be the centre (0), not the pooled 0.25, which would lie outside its own interval."""
+    objects = np.repeat(np.arange(8), 4)
+    correct = np.zeros((3, 32), dtype=bool)
+    for seed in range(3):
+        correct[seed, seed * 8:seed * 8 + 8] = True  # objects 2s and 2s + 1
+    assert M.point(*M.unit_counts(correct, objects, None, None)) == 0.25
+    c = M.cell(correct, objects, None, None, **DRAWS)
+    assert c.method == M.EXACT and (c.estimate, c.low, c.high) == (0.0, 0.0, 0.0)
+    d = M.paired_difference(correct, np.zeros_like(correct), objects, None, None, **DRAWS)
+    assert (d.estimate, d.low, d.high) == (0.0, 0.0, 0.0)
+
+
 # ----------------------------------------------------------------------------------------------------
 # gates
 # ----------------------------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ T!=) and an object; the fact-free control task (SST-2) has neither, and there ea
   depend only on (units, seeds, n_boot, seed), so two models of one cell draw the same objects and seeds:
   a difference of two models is paired, replicate by replicate.
 - A cell of fewer than `exact_below` objects (F0 has 8) has too few distinct resamples for a bootstrap;
-  it gets an exact interval from the sign-flip test over objects instead (`exact_interval`).
+  it gets an exact interval from the sign-flip test over objects instead (`exact_interval`), and as its
+  estimate the mean over objects of each object's accuracy (a median over seeds), the centre that
+  interval is for.
 - Gates A-E turn these numbers into PASS or FAIL records (`Gate`); `gates_markdown` writes the report's
   table and its one summary sentence.
 """
@@ -127,12 +129,15 @@ def cell(correct: np.ndarray, objects: np.ndarray | None, kinds: np.ndarray | No
     `correct` (seeds, examples) bool; `objects` and `kinds` (examples,), or None on a task without them.
     From `exact_below` units up, the two-level bootstrap's percentile interval (`bootstrap_replicates`);
     below, the exact sign-flip interval (`exact_interval`) for the centre of the per-object accuracies,
-    each a median over seeds, within [0, 1]. The estimate is always the cell itself (`point`).
+    each a median over seeds, within [0, 1]. The estimate is the cell itself (`point`), but for an exact
+    interval the mean of those per-object accuracies: the centre the interval is for. (With seeds that
+    disagree, the median over seeds of the pooled accuracy can lie outside an interval for that centre.)
     """
     right, size = unit_counts(correct, objects, kinds, kind)
+    if len(size) < exact_below:  # the estimate is the centre the interval is for, so it lies inside it
+        values = per_object(right, size)
+        return Interval(float(values.mean()), *exact_interval(values, level, (0.0, 1.0)), EXACT)
     estimate = point(right, size)
-    if len(size) < exact_below:
-        return Interval(estimate, *exact_interval(per_object(right, size), level, (0.0, 1.0)), EXACT)
     replicates = bootstrap_replicates(right, size, n_boot, seed)
     method = BOOTSTRAP_EXAMPLES if objects is None else BOOTSTRAP_OBJECTS
     return Interval(estimate, *percentile_interval(replicates, level), method)
@@ -146,16 +151,16 @@ def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray, objects: np.
 
     Below `exact_below` units, the exact sign-flip interval (`exact_interval`) over objects, within
     [-1, 1], of the per-object differences: each object's accuracy for a minus that for b, each a median
-    over seeds first. The estimate is always the difference of the two cells.
+    over seeds first, and their mean as the estimate. Otherwise the estimate is the difference of the cells.
     """
     if np.shape(correct_a) != np.shape(correct_b):
         raise ValueError(f"a paired difference needs the same seeds and examples; got {np.shape(correct_a)} "
                          f"and {np.shape(correct_b)}")
     (right_a, size), (right_b, _) = (unit_counts(c, objects, kinds, kind) for c in (correct_a, correct_b))
-    estimate = point(right_a, size) - point(right_b, size)
     if len(size) < exact_below:
         values = per_object(right_a, size) - per_object(right_b, size)
-        return Interval(estimate, *exact_interval(values, level, (-1.0, 1.0)), EXACT)
+        return Interval(float(values.mean()), *exact_interval(values, level, (-1.0, 1.0)), EXACT)
+    estimate = point(right_a, size) - point(right_b, size)
     replicates = bootstrap_replicates(right_a, size, n_boot, seed) - bootstrap_replicates(right_b, size, n_boot, seed)
     method = BOOTSTRAP_EXAMPLES if objects is None else BOOTSTRAP_OBJECTS
     return Interval(estimate, *percentile_interval(replicates, level), method)
