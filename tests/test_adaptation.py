@@ -49,8 +49,9 @@ TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     """A folder as the corpus, dual_tokenize, pretrain_encoder@bert and pretrain_clip stages leave it: data/corpus,
-    data/shards, models/tokenizer, models/pretrain_encoder/bert and models/pretrain_clip (a random tiny BERT
-    and a random CLIP tower: these tests do not need them trained)."""
+    data/shards, models/tokenizer, models/pretrain_encoder/bert, models/pretrain_clip and its twin
+    models/pretrain_clip_nofacts (a random tiny BERT and random CLIP towers: these tests do not need them
+    trained; the `nofacts` variant adapts beside the twin)."""
     root = tmp_path_factory.mktemp("repo")
     write_corpus(generate_corpus(6, 12, seed=0), root / "data" / "corpus")
     settings = TokenizeSettings(vocab_size=300, max_len=32, n_blocks=1, shard_windows=32, max_overflow=0.1,
@@ -62,6 +63,8 @@ def repo(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     build_masked_lm("random:bert", TINY_BERT, vocab_size).save_pretrained(root / "models" / "pretrain_encoder" / "bert")
     save_clip_tower(CLIPTextTower.build(CLIP), root / "models" / "pretrain_clip", CLIP)
+    # the twin as a copy: which facts it holds is no matter to these tests (tests/test_mechanism_stage.py)
+    shutil.copytree(root / "models" / "pretrain_clip", root / "models" / "pretrain_clip_nofacts")
     return root
 
 
@@ -520,7 +523,7 @@ def stage_folder(cwd: Path, repo: Path, variant: str, changes: dict, tokenizer: 
     (cwd / "data").symlink_to(repo / "data", target_is_directory=True)
     (cwd / "models").mkdir()
     (cwd / "models" / "tokenizer").symlink_to(tokenizer or repo / "models" / "tokenizer", target_is_directory=True)
-    for stand_in in ("pretrain_encoder", "pretrain_clip"):
+    for stand_in in ("pretrain_encoder", "pretrain_clip", "pretrain_clip_nofacts"):
         (cwd / "models" / stand_in).symlink_to(repo / "models" / stand_in, target_is_directory=True)
     previous = cwd / "models" / "adapted" / "/".join(stage_args(variant))
     previous.mkdir(parents=True)
@@ -572,7 +575,8 @@ def test_stage_rejects_bad_input_and_touches_nothing(stage_runs, name):
     assert sorted(p.name for p in previous.iterdir()) == ["config.json"]
     assert (previous / "config.json").read_text(encoding="utf-8") == "previous output\n"
     assert sorted(p.name for p in cwd.iterdir()) == ["data", "models", "params.yaml"]  # no checkpoints, metrics, dvclive
-    assert sorted(p.name for p in (cwd / "models").iterdir()) == ["adapted", "pretrain_clip", "pretrain_encoder", "tokenizer"]
+    assert sorted(p.name for p in (cwd / "models").iterdir()) == ["adapted", "pretrain_clip", "pretrain_clip_nofacts",
+                                                                   "pretrain_encoder", "tokenizer"]
 
 
 def test_stage_writes_encoder_full_model_and_metrics(repo, tmp_path, monkeypatch, capsys):
@@ -691,7 +695,8 @@ def test_two_processes_train_every_variant_as_one_does(repo, tmp_path):
         assert (main / "dvclive" / "adapt" / "bert" / variant).is_dir()
         assert not (main / "checkpoints" / "adapt" / "bert" / f"{variant}.pt").exists()
         assert sorted(p.name for p in other.iterdir()) == ["data", "models", "params.yaml"]
-        assert sorted(p.name for p in (other / "models").iterdir()) == ["pretrain_clip", "pretrain_encoder", "tokenizer"]
+        assert sorted(p.name for p in (other / "models").iterdir()) == ["pretrain_clip", "pretrain_clip_nofacts",
+                                                                        "pretrain_encoder", "tokenizer"]
 
 
 def test_launch_command_starts_one_process_per_gpu_once():
