@@ -78,7 +78,7 @@ def main() -> None:
         checkpoint.unlink(missing_ok=True)  # the output is complete; the checkpoint has done its job
     if "nofacts" not in blocks:  # DVC needs the output: it says why there is no twin
         with io.atomic_path(paths.PRETRAIN_CLIP_NOFACTS, is_dir=True) as tmp:
-            tmp.mkdir(parents=True)
+            tmp.mkdir(parents=True, exist_ok=True)
             io.write_json(tmp / "README.json", {"twin": "none: the mechanism study is off (`mechanism.enabled: false`)"})
     runlog.write_metrics(paths.PRETRAIN_CLIP_METRICS, metrics, "pretrain_clip")
     how = f"{settings.steps} steps of next-token prediction, accuracy {metrics['first_lm_accuracy']:.3f} -> " \
