@@ -137,6 +137,7 @@ def test_the_classifier_and_spearman_on_a_hand_computed_case():
     assert s.spearman[1] == pytest.approx(np.sqrt(3) / 2)  # ranks (1.5, 3, 1.5) vs (1 or 2, 3, 2 or 1)
     assert np.isnan(s.spearman[3]) and np.isnan(s.spearman[4]) and s.n_spearman == 3
     assert s.mean_spearman == pytest.approx((1.0 + np.sqrt(3) / 2 - 1.0) / 3)
+    assert s.spearman_se == pytest.approx(np.std([1.0, np.sqrt(3) / 2, -1.0], ddof=1) / np.sqrt(3))
 
 
 def test_cross_validation_scores_every_train_subject_once_out_of_fold():
@@ -166,6 +167,8 @@ def test_linear_probe_oracle_reads_test_and_the_chosen_template_reads_train():
     mixed = V.LinearProbe([bad, good, bad], cv_accuracy=np.array([0.9, 0.5, np.nan]),
                           cv_spearman=np.array([0.1, 0.2, 0.3]))
     assert mixed.oracle("accuracy") == 1 and mixed.chosen("accuracy") == 0 and mixed.chosen("spearman") == 2
+    assert mixed.per_subject("oracle", "accuracy") is good.correct and mixed.per_subject("chosen", "accuracy") is bad.correct
+    assert mixed.per_subject("oracle", "spearman") is good.spearman
     with pytest.raises(ValueError, match="unknown metric"):
         mixed.oracle("f1")
 

@@ -8,6 +8,7 @@ the CCA and PWCCA math alone, in numpy. The mechanism study (../shared/MECHANISM
 without params or paths: `representations`, what the probe reads (a CLIP tower's or an encoder's state of
 each object word, with torch) and gate C's model-free baselines (corpus context counts, a bag-of-words
 model); then two in numpy alone, `probe`, the representation probe, and `mechanism_stats`, its cells,
-intervals and gates. The stages
+intervals and gates. `vicomte_probe` is the visual-knowledge probes' math (ViComTe's linear probe and
+cloze, CoDa's correlations, a paired bootstrap over subjects; issue 56), also without params or paths. The stages
 `stages/pwcca.py`, `stages/grounding.py` and `stages/attention.py` load the inputs and call them.
 """

@@ -30,6 +30,7 @@ PROBE_MAX_ITER = 2000
 PROBE_SEED = 0
 BOOTSTRAP_SUBJECTS = "paired bootstrap: subjects"
 METRICS = ("accuracy", "spearman")
+CHOICES = ("oracle", "chosen")  # the best template on test; the best in cross-validation on train
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -180,6 +181,12 @@ class Scores:
     def n_spearman(self) -> int:
         return int(np.isfinite(self.spearman).sum())
 
+    @property
+    def spearman_se(self) -> float:
+        """The standard error of `mean_spearman`: the per-subject rhos' standard deviation / sqrt(n)."""
+        rho = self.spearman[np.isfinite(self.spearman)]
+        return float(rho.std(ddof=1) / np.sqrt(len(rho))) if len(rho) > 1 else float("nan")
+
 
 def _nanmean(x: np.ndarray) -> float:
     x = np.asarray(x, dtype=np.float64)
@@ -237,6 +244,14 @@ class LinearProbe:
         """The template best for `metric` in cross-validation on train: a choice that sees no test label."""
         _check_metric(metric)
         return _best(self.cv_accuracy if metric == "accuracy" else self.cv_spearman)
+
+    def per_subject(self, choice: str, metric: str) -> np.ndarray:
+        """The per-subject results (`Scores.correct` or `.spearman`) of the template `choice` ("oracle" or
+        "chosen") picks for `metric`: what `paired_bootstrap` compares."""
+        if choice not in CHOICES:
+            raise ValueError(f"unknown template choice {choice!r}; allowed: {', '.join(CHOICES)}")
+        scores = self.test[self.oracle(metric) if choice == "oracle" else self.chosen(metric)]
+        return scores.correct if metric == "accuracy" else scores.spearman
 
 
 def _check_metric(metric: str) -> None:

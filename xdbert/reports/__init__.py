@@ -5,4 +5,5 @@
     settings.py   `AggregateSettings`: what the `aggregate` stage reads of params.yaml
     tables.py     Tables 1, 3 and 8 as markdown (beside the paper's numbers) and as data
     parameters.py Table 6: the parameters of the models the adaptations built
+    probes.py     reports/probes.md: the visual-knowledge probes (ViComTe, CoDa) beside the published figures
 """

@@ -1,0 +1,422 @@
+"""reports/probes.md: the visual-knowledge probes of issue 56 (../shared/PROBES.md) from a results dict.
+
+`render(results)` returns the markdown; the stage writes it (xdbert.io.write_text) beside the results
+(xdbert.io.write_json). The entry builders (`linear_entry`, `scores_entry`, `coda_entry`,
+`difference_entry`) turn xdbert.analysis.vicomte_probe's results into the dict's pieces, and
+`comparisons(models)` lists the differences the report needs, each computed by
+`vicomte_probe.paired_bootstrap` on the two rows' per-subject results. Figures are fractions (0-1 for
+accuracy, -1-1 for rank correlations); the report prints them x100.
+
+The results dict (JSON):
+
+    {
+      "profile": "paper",
+      "bootstrap": {"n_boot": 1000, "level": 0.95},
+      "models": [{"name": "XDBERT-b", "role": "xd", "family": "bert-b"}, ...],
+          role: "baseline" (a family's MLM-only encoder), "xd" (an adapted encoder: Table 1's and
+          Table 3's), "caption_control" (the family's encoder after the baseline's MLM recipe on COCO
+          captions), "reference" (bert-base-cased), "clip" (CLIP-T). family: the family an "xd" row is
+          compared within (its "baseline" and "caption_control" rows have the same); null for the
+          reference and CLIP-T.
+      "vicomte": {
+        "<relation>": {                      # color, shape, material
+          "templates": ["[X] can be of color [Y] .", ...],
+          "groupings": {
+            "<grouping>": {                  # all, single (never shape's "any": 2 test subjects)
+              "n_test": 574,
+              "majority": {"class": "white", "accuracy": 0.375,
+                           "prior_spearman": 0.41,        # vicomte_probe.prior_spearman, classes seen in train
+                           "prior_spearman_all": 0.40},   # the same over all classes (the cloze's comparison)
+              "linear": {"<model>": linear_entry(LinearProbe)},
+              "zero_shot": {"<model>": scores_entry(Scores)},         # MLM rows only; may be empty
+              "differences": [difference_entry(a, b, column, Interval), ...]
+                  # column: linear.oracle.accuracy, linear.chosen.accuracy, linear.oracle.spearman,
+                  # linear.chosen.spearman, zero_shot.accuracy, zero_shot.spearman
+            }
+          }
+        }
+      },
+      "coda": {                              # optional
+        "n_objects": 107,
+        "majority": {"spearman": 0.5, "kendall": 0.4},   # every object scored by the train objects' mean distribution
+        "rows": {"<model>": coda_entry(rho, tau)},
+        "differences": [difference_entry(a, b, column, Interval), ...]   # column: coda.spearman, coda.kendall
+      },
+      "merged_classes": {"<model>": {"<relation>": [["gray", "grey"], ...]}}   # vicomte_probe.merged_classes
+                                                                              # of each cloze row; relation
+                                                                              # "coda" for CoDa's colours
+    }
+
+Every "xd" row is compared with its family's "baseline" and, where the family has one, its
+"caption_control", in every column where both rows have a figure; `render` refuses a results dict
+that lacks one of those differences. Rows of one column must have the same n (the same subjects).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from xdbert.analysis.mechanism_stats import Interval
+from xdbert.analysis.vicomte_probe import CHOICES, METRICS, LinearProbe, Scores
+from xdbert.reports.header import header
+
+ROLES = ("baseline", "xd", "caption_control", "reference", "clip")
+ROLE_TEXT = {"baseline": "baseline", "xd": "XD", "caption_control": "caption control", "reference": "reference",
+             "clip": "CLIP-T"}
+RELATIONS = ("color", "shape", "material")
+GROUPINGS = ("all", "single")
+GROUPING_TEXT = {"all": "all groups", "single": "single group"}
+PROVENANCE = "from the authors' repository, not checked against the paper"
+NOISE_SE = 2  # "within their noise": within this many standard errors
+
+# column key -> (header, where an entry's figure and n are read)
+VICOMTE_COLUMNS = {
+    "linear.oracle.accuracy": "linear acc., oracle",
+    "linear.chosen.accuracy": "linear acc., chosen on train",
+    "linear.oracle.spearman": "linear ρ, oracle",
+    "linear.chosen.spearman": "linear ρ, chosen on train",
+    "zero_shot.accuracy": "cloze top-1",
+    "zero_shot.spearman": "cloze ρ",
+}
+CODA_COLUMNS = {"coda.spearman": "Spearman ρ", "coda.kendall": "Kendall τ"}
+
+
+# The published figures (PROBES.md, [R]): the reference row's, CLIP-T's and two models we have no row for.
+# (role or None, relation, grouping, column, value x100, who, source file)
+CLS_FILE = "probing/file-cls-groups.csv @ db55d11"
+HEATMAP_FILE = "heatmap_data.csv @ 00883c6"
+ANCHORS = (
+    ("reference", "color", "single", "linear.oracle.accuracy", 54.8, "bert-base-cased", CLS_FILE),
+    ("reference", "shape", "single", "linear.oracle.accuracy", 83.0, "bert-base-cased", CLS_FILE),
+    ("reference", "material", "single", "linear.oracle.accuracy", 51.6, "bert-base-cased", CLS_FILE),
+    ("clip", "color", "single", "linear.oracle.accuracy", 66.3, "CLIP ViT-B/32 text", CLS_FILE),
+    ("clip", "shape", "single", "linear.oracle.accuracy", 90.0, "CLIP ViT-B/32 text", CLS_FILE),
+    ("clip", "material", "single", "linear.oracle.accuracy", 64.1, "CLIP ViT-B/32 text", CLS_FILE),
+    ("reference", "color", "all", "zero_shot.spearman", 47.5, "bert-base-cased", HEATMAP_FILE),
+    (None, "color", "all", "zero_shot.spearman", 55.8, "a BERT trained on captions alone", HEATMAP_FILE),
+    (None, "color", "all", "zero_shot.spearman", 53.7, "an Oscar-distilled BERT", HEATMAP_FILE),
+    ("reference", "coda", None, "coda.spearman", 46.2,
+     "bert-base-cased (ViComTe's zero-shot on its CoDa split, best template)", HEATMAP_FILE),
+)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The results dict's pieces
+# ----------------------------------------------------------------------------------------------------
+
+def linear_entry(probe: LinearProbe) -> dict:
+    """A row's linear probe: per template choice ("oracle", "chosen") and metric the figure and its template."""
+    out = {"n": probe.test[0].n, "n_spearman": probe.test[0].n_spearman}
+    for choice in CHOICES:
+        out[choice] = {}
+        for metric in METRICS:
+            t = probe.oracle(metric) if choice == "oracle" else probe.chosen(metric)
+            scores = probe.test[t]
+            out[choice][metric] = scores.accuracy if metric == "accuracy" else scores.mean_spearman
+            out[choice][f"{metric}_template"] = t
+    return out
+
+
+def scores_entry(scores: Scores) -> dict:
+    """A row's cloze: top-1 accuracy and mean Spearman (per subject the best template), with n and the
+    Spearman's standard error (for the anchors' noise)."""
+    return {"accuracy": scores.accuracy, "spearman": scores.mean_spearman, "spearman_se": scores.spearman_se,
+            "n": scores.n, "n_spearman": scores.n_spearman}
+
+
+def coda_entry(rho: np.ndarray, tau: np.ndarray) -> dict:
+    """A row's CoDa figures from `vicomte_probe.coda_correlations`: the means over the objects that have
+    them, n, and the Spearman's standard error (for the anchor's noise)."""
+    rho, tau = np.asarray(rho, dtype=np.float64), np.asarray(tau, dtype=np.float64)
+    kept = np.isfinite(rho)
+    if kept.sum() < 2 or not np.array_equal(kept, np.isfinite(tau)):
+        raise ValueError("CoDa needs rho and tau on the same objects, at least two")
+    return {"spearman": float(rho[kept].mean()), "kendall": float(tau[kept].mean()),
+            "spearman_se": float(rho[kept].std(ddof=1) / np.sqrt(kept.sum())), "n": int(kept.sum())}
+
+
+def difference_entry(a: str, b: str, column: str, interval: Interval) -> dict:
+    if column not in VICOMTE_COLUMNS and column not in CODA_COLUMNS:
+        raise ValueError(f"unknown column {column!r}; allowed: {', '.join([*VICOMTE_COLUMNS, *CODA_COLUMNS])}")
+    return {"a": a, "b": b, "column": column, "estimate": interval.estimate, "low": interval.low,
+            "high": interval.high}
+
+
+def comparisons(models: Sequence[Mapping]) -> list[tuple[str, str]]:
+    """The differences the report shows, (a, b) for a minus b: every "xd" row minus its family's
+    "baseline", then minus its family's "caption_control" where the family has one. ValueError where an
+    "xd" row's family has no baseline."""
+    by_role: dict[tuple[str, str | None], str] = {}
+    for m in _check_models(models):
+        if m["role"] in ("baseline", "caption_control"):
+            by_role[(m["role"], m.get("family"))] = m["name"]
+    out = []
+    for m in models:
+        if m["role"] != "xd":
+            continue
+        baseline = by_role.get(("baseline", m.get("family")))
+        if baseline is None:
+            raise ValueError(f"the XD row {m['name']!r} has no baseline row of its family {m.get('family')!r}")
+        out.append((m["name"], baseline))
+        control = by_role.get(("caption_control", m.get("family")))
+        if control is not None:
+            out.append((m["name"], control))
+    return out
+
+
+def _check_models(models: Sequence[Mapping]) -> Sequence[Mapping]:
+    names = [m["name"] for m in models]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names repeat: {names}")
+    for m in models:
+        if m["role"] not in ROLES:
+            raise ValueError(f"model {m['name']!r} has role {m['role']!r}; allowed: {', '.join(ROLES)}")
+    for role in ("baseline", "caption_control", "reference", "clip"):
+        keys = [m.get("family") for m in models if m["role"] == role]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"two {role} rows of one family: {keys}")
+    return models
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reading a column
+# ----------------------------------------------------------------------------------------------------
+
+def figure(entry_set: Mapping, column: str, model: str) -> tuple[float, int, int | None] | None:
+    """(value, n, template or None) of `model` in a grouping's or CoDa's `column`; None where it has none."""
+    probe, *rest = column.split(".")
+    if probe == "linear":
+        entry = entry_set.get("linear", {}).get(model)
+        if entry is None:
+            return None
+        choice, metric = rest
+        n = entry["n"] if metric == "accuracy" else entry["n_spearman"]
+        return entry[choice][metric], n, entry[choice][f"{metric}_template"]
+    if probe == "zero_shot":
+        entry = entry_set.get("zero_shot", {}).get(model)
+        if entry is None:
+            return None
+        (metric,) = rest
+        return entry[metric], entry["n"] if metric == "accuracy" else entry["n_spearman"], None
+    entry = entry_set.get("rows", {}).get(model)
+    return None if entry is None else (entry[rest[0]], entry["n"], None)
+
+
+def column_n(entry_set: Mapping, column: str, models: Sequence[str], where: str) -> int | None:
+    """The n of a column, the same for every row that has it (ValueError otherwise: not the same subjects)."""
+    ns = {m: f[1] for m in models if (f := figure(entry_set, column, m)) is not None}
+    if len(set(ns.values())) > 1:
+        raise ValueError(f"{where}, {column}: the rows have different n {ns}; they must be on the same subjects")
+    return next(iter(ns.values()), None)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Markdown
+# ----------------------------------------------------------------------------------------------------
+
+def pct(value: float) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:.1f}"
+
+
+def signed(value: float) -> str:
+    return f"{100 * value:+.1f}"
+
+
+def difference_text(d: Mapping) -> str:
+    return f"{signed(d['estimate'])} [{signed(d['low'])}, {signed(d['high'])}]"
+
+
+def row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def grouping_table(relation: str, grouping: str, g: Mapping, models: Sequence[Mapping]) -> list[str]:
+    """One (relation, grouping): n and the majority line first, a row per model, the published figures
+    under the row they belong to, then the paired differences."""
+    where = f"vicomte.{relation}.{grouping}"
+    columns = list(VICOMTE_COLUMNS)
+    names = [m["name"] for m in models]
+    unknown = (set(g.get("linear", {})) | set(g.get("zero_shot", {}))) - set(names)
+    if unknown:
+        raise ValueError(f"{where}: rows {sorted(unknown)} are not in `models`")
+    ns = {c: column_n(g, c, names, where) for c in columns}
+    maj = g["majority"]
+    majority = {"linear.oracle.accuracy": maj["accuracy"], "linear.chosen.accuracy": maj["accuracy"],
+                "linear.oracle.spearman": maj["prior_spearman"], "linear.chosen.spearman": maj["prior_spearman"],
+                "zero_shot.accuracy": maj["accuracy"], "zero_shot.spearman": maj["prior_spearman_all"]}
+    out = [f"### {relation}, {GROUPING_TEXT[grouping]} ({g['n_test']} test subjects)", "",
+           row(["model", "role", *(VICOMTE_COLUMNS[c] for c in columns)]), "|---" * (len(columns) + 2) + "|",
+           row(["*n*", "", *(str(ns[c]) if ns[c] is not None else "-" for c in columns)]),
+           row([f"*majority class ({maj['class']}); ρ: class prior*", "", *(pct(majority[c]) for c in columns)])]
+    for m in models:
+        figures = {c: figure(g, c, m["name"]) for c in columns}
+        if all(f is None for f in figures.values()):
+            continue
+        out.append(row([m["name"], ROLE_TEXT[m["role"]], *(cell(figures[c]) for c in columns)]))
+        out += [anchor_row(a, columns) for a in ANCHORS if a[0] == m["role"] and a[1:3] == (relation, grouping)]
+    out += [anchor_row(a, columns) for a in ANCHORS if a[0] is None and a[1:3] == (relation, grouping)]
+    return out + [""] + differences_table(g, columns, VICOMTE_COLUMNS, models, where)
+
+
+def cell(f: tuple[float, int, int | None] | None) -> str:
+    if f is None:
+        return "-"
+    value, _, template = f
+    return pct(value) + (f" <sub>t{template}</sub>" if template is not None else "")
+
+
+def anchor_row(anchor: tuple, columns: Sequence[str]) -> str:
+    _, _, _, column, value, who, source = anchor
+    return row([f"*published, {PROVENANCE}: {who} ({source})*", "",
+                *(f"*{value:.1f}*" if c == column else "" for c in columns)])
+
+
+def differences_table(entry_set: Mapping, columns: Sequence[str], headers: Mapping[str, str], models: Sequence[Mapping],
+                      where: str) -> list[str]:
+    """Every comparison in every column where both rows have a figure; ValueError where the results lack one."""
+    given = {(d["a"], d["b"], d["column"]): d for d in entry_set.get("differences", [])}
+    lines = []
+    for a, b in comparisons(models):
+        cells = []
+        for c in columns:
+            if figure(entry_set, c, a) is None or figure(entry_set, c, b) is None:
+                cells.append("-")
+                continue
+            if (a, b, c) not in given:
+                raise ValueError(f"{where}: the results lack the difference {a} - {b} in {c}")
+            cells.append(difference_text(given[(a, b, c)]))
+        if any(x != "-" for x in cells):
+            lines.append(row([f"{a} − {b}", *cells]))
+    if not lines:
+        return []
+    return ["Paired differences (x100; estimate [interval]):", "",
+            row(["difference", *(headers[c] for c in columns)]), "|---" * (len(columns) + 1) + "|", *lines]
+
+
+def coda_table(coda: Mapping, models: Sequence[Mapping]) -> list[str]:
+    columns = list(CODA_COLUMNS)
+    names = [m["name"] for m in models]
+    unknown = set(coda["rows"]) - set(names)
+    if unknown:
+        raise ValueError(f"coda: rows {sorted(unknown)} are not in `models`")
+    ns = {c: column_n(coda, c, names, "coda") for c in columns}
+    out = [f"## CoDa ({coda['n_objects']} test objects)", "",
+           "Per object, the Spearman (and Kendall) correlation of a row's colour scores with the human "
+           "distribution under the object's best template (an upper bound), averaged over objects.", "",
+           row(["model", "role", *(CODA_COLUMNS[c] for c in columns)]), "|---" * (len(columns) + 2) + "|",
+           row(["*n*", "", *(str(ns[c]) if ns[c] is not None else "-" for c in columns)]),
+           row(["*class prior (train objects' mean distribution)*", "", *(pct(coda["majority"][c.split(".")[1]]) for c in columns)])]
+    for m in models:
+        figures = {c: figure(coda, c, m["name"]) for c in columns}
+        if all(f is None for f in figures.values()):
+            continue
+        out.append(row([m["name"], ROLE_TEXT[m["role"]], *(cell(figures[c]) for c in columns)]))
+        out += [anchor_row(a, columns) for a in ANCHORS if a[0] == m["role"] and a[1] == "coda"]
+    return out + [""] + differences_table(coda, columns, CODA_COLUMNS, models, "coda")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The published anchors: do the reference row and CLIP-T reproduce them?
+# ----------------------------------------------------------------------------------------------------
+
+def anchor_checks(results: Mapping, role: str) -> list[tuple[str, float, float | None, float | None]]:
+    """Per published figure of `role`'s row: (what, published x100, ours x100 or None, standard error x100
+    or None). The standard error of an accuracy is the binomial one, sqrt(p (1 - p) / n) at the published
+    p and our n; of a mean Spearman, the per-subject rhos' standard deviation / sqrt(n) (`spearman_se`)."""
+    name = next((m["name"] for m in results["models"] if m["role"] == role), None)
+    out = []
+    for a_role, relation, grouping, column, value, _, _ in ANCHORS:
+        if a_role != role:
+            continue
+        what = f"{relation}{'' if grouping is None else ', ' + GROUPING_TEXT[grouping]}, {column}"
+        if relation == "coda":
+            entry_set = results.get("coda")
+        else:
+            entry_set = results.get("vicomte", {}).get(relation, {}).get("groupings", {}).get(grouping)
+        f = None if name is None or entry_set is None else figure(entry_set, column, name)
+        if f is None:
+            out.append((what, value, None, None))
+            continue
+        ours, n, _ = f
+        if column.endswith("accuracy"):
+            p = value / 100
+            se = math.sqrt(p * (1 - p) / n)
+        else:
+            entry = (entry_set["rows"] if relation == "coda" else entry_set["zero_shot"])[name]
+            se = entry.get("spearman_se", math.nan)
+        out.append((what, value, 100 * ours, 100 * se))
+    return out
+
+
+def anchor_line(results: Mapping, role: str, label: str) -> str:
+    """One line: whether `role`'s row reproduces its published figures within NOISE_SE standard errors."""
+    checks = anchor_checks(results, role)
+    run = [c for c in checks if c[2] is not None]
+    if not run:
+        return f"- {label}: no row, the published figures are not checked."
+    outside = [c for c in run if not abs(c[2] - c[1]) <= NOISE_SE * c[3]]
+    detail = "; ".join(f"{w}: ours {o:.1f}, published {v:.1f} (SE {se:.1f})" for w, v, o, se in run)
+    missing = len(checks) - len(run)
+    tail = f" ({missing} not run)" if missing else ""
+    if outside:
+        return (f"- {label}: does NOT reproduce {len(outside)} of {len(run)} published figures within {NOISE_SE} "
+                f"standard errors{tail}. {detail}.")
+    return f"- {label}: reproduces all {len(run)} published figures within {NOISE_SE} standard errors{tail}. {detail}."
+
+
+# ----------------------------------------------------------------------------------------------------
+# The report
+# ----------------------------------------------------------------------------------------------------
+
+def merged_lines(merged: Mapping) -> list[str]:
+    listed = [f"- {model}, {relation}: " + "; ".join("{" + ", ".join(g) + "}" for g in groups)
+              for model, per_relation in merged.items() for relation, groups in per_relation.items() if groups]
+    if not listed:
+        return ["No two classes share a first sub-word in any vocabulary the cloze uses."]
+    return ["The cloze cannot tell these classes apart (their words share a first sub-word in the row's "
+            "vocabulary; a shared token gives them the same evidence, and a tie counts as top-1 for each):", "",
+            *listed]
+
+
+def render(results: Mapping) -> str:
+    """reports/probes.md from the results dict described in the module docstring."""
+    models = _check_models(results["models"])
+    boot = results["bootstrap"]
+    out = [header("Visual-knowledge probes: ViComTe and CoDa", results["profile"], ", ".join(m["name"] for m in models)),
+           "Figures x100. Linear probe (ViComTe's): per template, LogisticRegression(C=0.316) on the mean token "
+           "state (CLIP-T: its text features) of the text with [X] filled, fit on train, scored on test; accuracy, "
+           "and Spearman's ρ of the class probabilities against the subject's Visual Genome counts over the classes "
+           "seen in training. **Oracle**: the best template on test, as the authors report (it reads the test "
+           "labels). **Chosen on train**: the best template in k-fold cross-validation on train. Cloze (MLM rows "
+           "whose head was trained on the encoder's own output): top-1 correct where any template ranks the class "
+           "first; ρ per subject under its best template. <sub>tK</sub>: the template a figure comes from.",
+           "",
+           f"Paired differences: the mean over the same test subjects of row a minus row b, with a "
+           f"{100 * boot['level']:g}% percentile interval from {boot['n_boot']} bootstrap resamples of the subjects "
+           f"(both rows on each resample). Every XD row against its family's baseline and caption-text control.",
+           "",
+           f"Published figures are {PROVENANCE}.",
+           ""]
+    vicomte = results.get("vicomte", {})
+    for relation in vicomte:  # the file's order is not the report's (write_json sorts keys)
+        if relation not in RELATIONS:
+            raise ValueError(f"unknown ViComTe relation {relation!r}; allowed: {', '.join(RELATIONS)}")
+        for grouping in vicomte[relation]["groupings"]:
+            if grouping not in GROUPINGS:
+                why = " (never shape's \"any\": 2 test subjects)" if grouping == "any" else ""
+                raise ValueError(f"vicomte.{relation}: unknown grouping {grouping!r}; allowed: {', '.join(GROUPINGS)}{why}")
+    for relation in (r for r in RELATIONS if r in vicomte):
+        out += [f"## ViComTe: {relation}", ""]
+        groupings = vicomte[relation]["groupings"]
+        for grouping in (g for g in GROUPINGS if g in groupings):
+            out += grouping_table(relation, grouping, groupings[grouping], models) + [""]
+        out += ["Templates: " + "; ".join(f"t{i} `{t}`" for i, t in enumerate(vicomte[relation]["templates"])), ""]
+    if "coda" in results:
+        out += coda_table(results["coda"], models) + [""]
+    out += ["## Reproduction", "",
+            anchor_line(results, "reference", "Reference row (bert-base-cased)"),
+            anchor_line(results, "clip", "CLIP-T"), "",
+            "## Merged classes", "", *merged_lines(results.get("merged_classes", {}))]
+    return "\n".join(out).rstrip("\n") + "\n"
