@@ -82,6 +82,8 @@ BAD = {
     "a distribution over ten colours": ("test", lambda p: edit(p, 0, lambda r: {**r, "label": r["label"][:10]}),
                                         r"default_test.jsonl, line 1: `label` must be 11 non-negative numbers, one per "
                                         r"colour \(black, blue,"),
+    "a negative share": ("validation", lambda p: edit(p, 2, lambda r: {**r, "label": [-0.1, *r["label"][1:]]}),
+                         r"default_validation.jsonl, line 3: `label` must be 11 non-negative numbers"),
     "a group outside the classes": ("train", lambda p: edit(p, 5, lambda r: {**r, "object_group": 3}),
                                     r"default_train.jsonl, line 6: `object_group` must be a class id: 0 Single, 1 Multi, 2 Any"),
     "an empty split": ("test", lambda p: p.write_text("\n"), r"default_test.jsonl holds no rows"),
