@@ -147,8 +147,8 @@ ADAPT_DEPS = ("data/shards", "models/tokenizer")
 MECHANISM_CHECKED = "the mechanism section is checked whole (xdbert.data.mechanism); this stage does not use the key"
 CLIP_TOWERS = ("models/pretrain_clip", "models/pretrain_clip_nofacts")  # `adapt.clip_tower` may name either
 
-PROVIDED_PROBES = reasons("probes", ("enabled", "vicomte_dir", "relations"), "only to check that ViComTe's hand-provided "
-                         "files are there (xdbert.data.provided); the probes read them")
+PROVIDED_PROBES = reasons("probes", ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference"), "only to check "
+                         "that ViComTe's hand-provided files are there (xdbert.data.provided); the probes read them")
 
 STAGES: dict[str, Stage] = {
     "corpus": Stage(

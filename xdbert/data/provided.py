@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from xdbert.data import vicomte
+from xdbert.data.probes import ProbesSettings
 from xdbert.errors import PipelineError
 
 INPUTS = Path("inputs")
@@ -23,14 +24,15 @@ READ_COLUMNS = ("excerpt", "target")  # of Kaggle's commonlitreadabilityprize tr
 def files(p: dict) -> list[tuple[str, Path]]:
     """(param, path) of every file params `p` expect a user to have put in place. A section `p` lacks (a
     params file written for one stage) expects none: the stage that reads that section checks it."""
-    tasks, grounding, probes = p.get("tasks") or {}, p.get("grounding") or {}, p.get("probes") or {}
+    tasks, grounding = p.get("tasks") or {}, p.get("grounding") or {}
     out = []
     if tasks.get("source") == "hub" and "read" in tasks.get("names", []) and str(tasks.get("read_path")).endswith(".csv"):
         out.append(("tasks.read_path", Path(tasks["read_path"])))
     if str(grounding.get("captions")).endswith(".json"):
         out.append(("grounding.captions", Path(grounding["captions"])))
-    if probes.get("enabled") is True:
-        out += [(VICOMTE, path) for relation in probes["relations"] for path in vicomte.files(probes["vicomte_dir"], relation)]
+    probes = ProbesSettings.from_params(p) if "probes" in p else None  # checked: its folder and relations make paths
+    if probes and probes.enabled:
+        out += [(VICOMTE, path) for relation in probes.relations for path in vicomte.files(probes.vicomte_dir, relation)]
     return out
 
 

@@ -110,8 +110,8 @@ def _json_line(path: Path, n: int, line: str, keys: tuple[str, ...], example: st
     """Line `n` of a jsonl file: an object with string `keys`."""
     try:
         row = json.loads(line)
-    except json.JSONDecodeError as e:
-        row = e
+    except json.JSONDecodeError:
+        row = None
     if not isinstance(row, dict) or any(not isinstance(row.get(k), str) or not row[k].strip() for k in keys):
         raise PipelineError(f"{path}, line {n}: expected a JSON object with the text keys {', '.join(keys)}, like {example}; "
                             f"got {line[:80]!r}")
