@@ -14,9 +14,9 @@ from transformers import BertConfig, BertModel
 from typer.testing import CliRunner
 
 from test_corpus import CONFIG, TRAIN_LINES, write_hub_layout
-from xdbert import fetch, hub
+from xdbert import fetch, hub, mirror
 from xdbert.cli import app
-from xdbert.data import corpus, provided
+from xdbert.data import corpus, provided, vicomte
 from xdbert.errors import PipelineError
 from xdbert.model.encoders import build_language_encoder
 from xdbert.profiles import values
@@ -29,6 +29,8 @@ PAPER_ASSETS = [  # (param, repo id, kind): what the paper profile loads from th
     ("families.electra-b.encoder", "google/electra-base-discriminator", "model"),
     ("families.electra-l.encoder", "google/electra-large-discriminator", "model"),
     ("model.clip_pretrained", "timm/vit_base_patch32_clip_224.openai", "model"),
+    ("probes.coda_hub_id", "corypaik/coda", "dataset"),
+    ("probes.reference", "bert-base-cased", "model"),
 ]
 
 
@@ -51,18 +53,24 @@ CSV = "inputs/commonlit/train.csv"
 COCO = "inputs/coco/annotations/captions_train2017.json"
 
 
+VICOMTE = "inputs/vicomte"
+
+
 def hand_files(root: Path) -> None:
-    """The two files the paper profile expects by hand, where it expects them, in their formats."""
+    """The files the paper profile expects by hand, where it expects them, in their formats (ViComTe's: the mirror's)."""
     for path, text in ((CSV, "id,url_legal,license,excerpt,target,standard_error\na,,,Once upon a time.,-0.3,0.5\n"),
                        (COCO, json.dumps({"annotations": [{"image_id": 1, "caption": "A dog on a red sofa."}]}))):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
+    for relation in vicomte.RELATIONS:
+        mirror.write_vicomte(root / VICOMTE, relation, 0)
 
 
 def test_the_paper_profile_names_its_hub_assets_and_the_embedded_one_none():
     assert [(a.key, a.repo_id, a.repo_type) for a in fetch.hub_assets(values("paper"))] == PAPER_ASSETS
     assert fetch.hub_assets(values("embedded")) == []
-    assert provided.files(values("paper")) == [("tasks.read_path", Path(CSV)), ("grounding.captions", Path(COCO))]
+    assert provided.files(values("paper")) == [("tasks.read_path", Path(CSV)), ("grounding.captions", Path(COCO))] + [
+        ("probes.vicomte_dir", path) for relation in ("color", "shape", "material") for path in vicomte.files(VICOMTE, relation)]
     assert provided.files(values("embedded")) == []
 
 
@@ -91,9 +99,9 @@ def test_fetch_asks_for_every_asset_and_pins_the_commits_the_hub_gave(cache, tmp
     lock = json.loads((tmp_path / "hub.lock.json").read_text())
     assert lock == {"profile": "paper", "assets": entries}
     assert [(e["key"], e["repo_id"], e["repo_type"]) for e in entries] == PAPER_ASSETS
-    assert [e["revision"] for e in entries] == [f"{i:040x}" for i in range(1, 8)]
+    assert [e["revision"] for e in entries] == [f"{i:040x}" for i in range(1, len(PAPER_ASSETS) + 1)]
     assert entries[3]["requested"] == "v1.0" and all(e["files"] == ["config.json"] for e in entries)
-    assert lines[-1].startswith(f"{tmp_path / 'hub.lock.json'}: 7 assets pinned")
+    assert lines[-1].startswith(f"{tmp_path / 'hub.lock.json'}: {len(PAPER_ASSETS)} assets pinned")
     # what the loaders read from now on: the pinned snapshot in the cache, with no network
     lock_path = tmp_path / "hub.lock.json"
     assert hub.pinned("bert-base-uncased", lock=lock_path) == f"{4:040x}"

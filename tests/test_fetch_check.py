@@ -94,6 +94,20 @@ def remove_a_hand_provided_file(out: Path) -> None:
     (out / "inputs" / "commonlit" / "train.csv").unlink()
 
 
+def drop_a_subjects_counts(out: Path) -> None:
+    path = out / "inputs" / "vicomte" / "mine-data" / "distributions" / "material-dist.jsonl"
+    counts = json.loads(path.read_text())
+    del counts["book"]
+    replace(path, json.dumps(counts).encode())
+
+
+def cut_a_coda_distribution(out: Path) -> None:
+    path = snapshot("corypaik/coda", "dataset") / "data" / "default_validation.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["label"] = rows[1]["label"][:10]
+    replace(path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
 def check(out: Path):
     lock, files = (out / "hub.lock.json").read_bytes(), tree(out)
     result = CliRunner().invoke(app, ["fetch", "--check"])
@@ -105,12 +119,18 @@ def test_every_asset_of_the_mirror_passes_in_one_table(out):
     result = check(out)
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) == 2 + 1 + 8 + 1 + 4  # hand-provided, corpus, GLUE tasks, SWAG, encoders and CLIP
+    # hand-provided (ViComTe a row per relation), corpus, GLUE tasks, SWAG, encoders and CLIP, CoDa, the reference encoder
+    assert len(rows) == 2 + 3 + 1 + 8 + 1 + 4 + 1 + 1
     assert all("| PASS |" in row for row in rows)
     assert "| bert-base-uncased (`model.encoder`) | PASS | bert," in result.output and "MLM head found" in result.output
     assert "no MLM head (electra: absent by design)" in result.output
     assert "= `bert-base-uncased`'s id for id" in result.output
     assert "labels entailment/neutral/contradiction" in result.output
+    assert ("| inputs/vicomte color (`probes.vicomte_dir`) | PASS | 12 classes (2 synonyms), 3 templates, counts of 24 "
+            "subjects; all train 16, test 8; single train 8, test 4 |") in result.output
+    assert "| corypaik/coda (`probes.coda_hub_id`) | PASS | rows (objects): train 24 (6), validation 12 (3), test 12 (3) |" \
+        in result.output
+    assert "| bert-base-cased (`probes.reference`) | PASS | bert," in result.output
 
 
 @pytest.mark.parametrize("corrupt, asset, found", [
@@ -122,6 +142,11 @@ def test_every_asset_of_the_mirror_passes_in_one_table(out):
     (truncate_weights, "google/electra-base-discriminator (`families.electra-b.encoder`)",
      "expected it to load, found RuntimeError: unexpected EOF"),
     (remove_a_hand_provided_file, "inputs/commonlit/train.csv (`tasks.read_path`)", "missing inputs/commonlit/train.csv"),
+    (drop_a_subjects_counts, "inputs/vicomte material (`probes.vicomte_dir`)",
+     "inputs/vicomte/mine-data/db/material/train.jsonl, line 3: subject 'book' has no counts in "
+     "inputs/vicomte/mine-data/distributions/material-dist.jsonl"),
+    (cut_a_coda_distribution, "corypaik/coda (`probes.coda_hub_id`)",
+     "data/default_validation.jsonl, line 2: `label` must be 11 non-negative numbers"),
 ])
 def test_a_corrupted_asset_is_one_error_line_naming_it_and_the_lock_stays(out, corrupt, asset, found):
     corrupt(out)

@@ -82,8 +82,10 @@ def test_the_loaders_constants_match_the_real_layouts():
     assert corpus.is_title(wiki["title"]) and not corpus.is_title(wiki["heading"])
     clip = PAPER["model"]["clip"], PAPER["model"]["clip_pretrained"]
     assert MODELS[clip_weights_repo(*clip)]["clip"] == clip
-    encoders = [PAPER["model"]["encoder"]] + [f["encoder"] for f in PAPER["families"].values() if "encoder" in f]
+    encoders = [PAPER["model"]["encoder"], PAPER["probes"]["reference"]] + [
+        f["encoder"] for f in PAPER["families"].values() if "encoder" in f]
     assert set(encoders) == {repo for repo, m in MODELS.items() if "config" in m}
+    assert PAPER["probes"]["coda_hub_id"] in DATASETS
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -114,6 +116,22 @@ def test_bert_keeps_the_tf_era_layer_norm_names_that_transformers_renames_on_loa
                                             r"\(embeddings.LayerNorm.bias, embeddings.LayerNorm.weight"):
         build_language_encoder("bert-base-uncased")
     assert not load_pretrained_mlm_head("bert-base-uncased", head)
+
+
+def test_bert_base_cased_has_its_config_vocabulary_size_and_casing_and_its_mlm_head(cache):  # noqa: F811
+    """The probes' reference: uncased's release but 28,996 tokens and no lower-casing (the vocabulary a stand-in)."""
+    from xdbert.data.tokenization.vocab import load_encoder_tokenizer
+
+    folder = mirrored("probes.reference")
+    layout = MODELS["bert-base-cased"]
+    assert files(folder) == sorted(layout["files"])
+    assert len((folder / "vocab.txt").read_text(encoding="utf-8").splitlines()) == layout["config"]["vocab_size"] == 28996
+    tok = load_encoder_tokenizer("bert-base-cased")
+    assert len(tok) == 28996 and tok.tokenize("Red") != tok.tokenize("red")
+    assert [tok.convert_tokens_to_ids(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [0, 100, 101, 102, 103]
+    encoder = build_language_encoder("bert-base-cased")
+    assert encoder.get_input_embeddings().num_embeddings == 28996
+    assert load_pretrained_mlm_head("bert-base-cased", MaskedTokenHead(encoder.config.hidden_size, encoder.get_input_embeddings()))
 
 
 @pytest.mark.parametrize("key, repo_id", [("families.electra-b.encoder", "google/electra-base-discriminator"),

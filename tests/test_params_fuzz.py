@@ -33,6 +33,7 @@ from xdbert import profiles
 from xdbert.analysis.grounding import TASK_TITLES
 from xdbert.cli import app
 from xdbert.data.mechanism import GATE_KEYS, VIS, VIS_SIZES
+from xdbert.data.vicomte import RELATIONS
 from xdbert.data.synthetic.words import EXTRA_OBJECTS, OBJECTS, PATTERNS
 from xdbert.data.tasks.registry import TASK_NAMES
 from xdbert.data.tokenization.vocab import encoder_positions as positions_of
@@ -405,6 +406,9 @@ SCHEMA: dict[str, Spec] = {
     "aggregate.n_boot": pos_int(), "aggregate.seed": non_negative(),
     "hub.revisions": spec(st.dictionaries(NAME, WORD, max_size=2), wrong("dict"),
                           st.dictionaries(NAME, EMPTY, min_size=1, max_size=1)),
+    "probes.enabled": FLAG, "probes.vicomte_dir": HUB_NAME, "probes.coda_hub_id": HUB_NAME, "probes.reference": HUB_NAME,
+    "probes.relations": names(lambda p: list(RELATIONS), min_size=1,
+                              bad=st.one_of(st.just([]), st.just(["color", "color"]), st.lists(UNKNOWN, min_size=1, max_size=2))),
 }
 SCHEMA["grounding.model"] = SCHEMA["grounding.baseline"]
 NEW_VARIANT = spec(overrides, wrong("dict", "none"))  # a variant entry of its own: no profile has an empty one

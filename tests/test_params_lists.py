@@ -176,7 +176,7 @@ def test_the_docs_table_of_keys_is_the_codes():
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| `")]
     table = {row[0].strip("| `"): row for row in rows if len(row) == 4}
     assert list(table) == ["profile", "corpus", "tasks", "mechanism", "hub", "model", "families", "tokenize", "pretrain", "adapt",
-                           "finetune", "aggregate", "pwcca", "grounding", "attention"]
+                           "finetune", "aggregate", "pwcca", "grounding", "attention", "probes"]
     assert sorted(table) == sorted(["profile", *P.KEYS])
     for section, (_, keys, _, read_by) in table.items():
         want = () if section == "profile" else (P.KEYS[section] or FAMILY_KEYS)

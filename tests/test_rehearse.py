@@ -39,7 +39,8 @@ def test_every_asset_is_pinned_at_a_made_up_commit_in_the_real_layout(rehearsal,
                      ("tasks.swag_hub_id", "allenai/swag"), ("model.encoder", "bert-base-uncased"),
                      ("families.electra-b.encoder", "google/electra-base-discriminator"),
                      ("families.electra-l.encoder", "google/electra-large-discriminator"),
-                     ("model.clip_pretrained", "timm/vit_base_patch32_clip_224.openai")]
+                     ("model.clip_pretrained", "timm/vit_base_patch32_clip_224.openai"),
+                     ("probes.coda_hub_id", "corypaik/coda"), ("probes.reference", "bert-base-cased")]
     for a in offline["assets"]:
         repo = rehearsal / rehearse.CACHE / "hub" / repo_folder_name(repo_id=a["repo_id"], repo_type=a["repo_type"])
         assert len(a["revision"]) == 40 and int(a["revision"], 16) >= 0

@@ -147,15 +147,20 @@ ADAPT_DEPS = ("data/shards", "models/tokenizer")
 MECHANISM_CHECKED = "the mechanism section is checked whole (xdbert.data.mechanism); this stage does not use the key"
 CLIP_TOWERS = ("models/pretrain_clip", "models/pretrain_clip_nofacts")  # `adapt.clip_tower` may name either
 
+PROVIDED_PROBES = reasons("probes", ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference"), "only to check "
+                         "that ViComTe's hand-provided files are there (xdbert.data.provided); the probes read them")
+
 STAGES: dict[str, Stage] = {
     "corpus": Stage(
         "stages/corpus.py", outs=("data/corpus",),
         unused={**reasons("tasks", ("source", "names", "read_path"), "only to check that hand-provided files are there "
                      "(xdbert.data.provided), before any work; the tasks stage reads them"),
-                "grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it"}),
+                "grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it",
+                **PROVIDED_PROBES}),
     "tasks": Stage(
         "stages/tasks.py", deps=("inputs",), outs=("data/tasks",),
-        unused={"grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it"}),
+        unused={"grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it",
+                **PROVIDED_PROBES}),
     "dual_tokenize": Stage(
         "stages/dual_tokenize.py", deps=("data/corpus",), outs=("data/shards", "models/tokenizer"),
         unused={"model.encoder_config.*": "a random encoder's config keys are only checked; its max_position_embeddings "

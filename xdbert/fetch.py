@@ -11,7 +11,7 @@ commits come from the hub, never from this code.
 Of a model repository's weights, `fetch` downloads only the file its loader reads: the first of the loader's
 own preference list (safetensors, then `.bin`) that the repository holds at the pinned commit.
 
-Files a user provides by hand (CommonLit's train.csv, COCO's captions) are not on the hub: `fetch`
+Files a user provides by hand (CommonLit's train.csv, COCO's captions, ViComTe's files) are not on the hub: `fetch`
 checks that they are there and readable (xdbert.data.provided), before anything is downloaded. After the
 downloads, every asset is loaded once the way its stage loads it (xdbert.fetch_check); the lock keeps its
 old bytes unless every check passes.
@@ -105,6 +105,9 @@ def hub_assets(p: dict) -> list[Asset]:
     captions = grounding["captions"]
     if captions != "generated" and not captions.endswith(".json"):
         named.append(("grounding.captions", captions, "dataset"))
+    probes = P.section(p, "probes")
+    if probes["enabled"]:
+        named += [("probes.coda_hub_id", probes["coda_hub_id"], "dataset"), ("probes.reference", probes["reference"], "model")]
     out, seen = [], set()
     for key, name, kind in named:
         if _is_hub_id(name) and (name, kind) not in seen:

@@ -12,7 +12,8 @@ fails where the stage would, in seconds:
 - each dataset: the stage's loader, then its label names against the task registry's and the first rows of every split;
 - wiki103: on a sample of its first rows, the article rule (one article per title line, no heading or number
   escape left) and the share of windows that overflow the CLIP blocks, against `tokenize.max_overflow`;
-- the hand-provided files, read as their stages read them.
+- CoDa, read by its loader (xdbert.data.coda), and the probes' reference encoder, as every encoder above;
+- the hand-provided files, read as their stages read them (ViComTe's a relation at a time).
 
 One table says what passed; a failure is a `PipelineError` naming each failed asset and what was found.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from xdbert import params as P
-from xdbert.data import provided
+from xdbert.data import provided, vicomte
 from xdbert.errors import PipelineError
 from xdbert.fetch import hub_assets
 from xdbert.random_encoder import RANDOM_PREFIX
@@ -198,6 +199,24 @@ def check_captions(path: Path) -> str:
     return f"{len(provided.read_coco_captions(path)):,} captions"
 
 
+def check_vicomte(folder: Path, relation: str) -> str:
+    from xdbert.data.vicomte import load_relation
+
+    r = load_relation(folder, relation)
+    splits = "; ".join(f"{group} " + ", ".join(f"{split} {len(rows):,}" for split, rows in r.splits[group].items())
+                       for group in r.splits)
+    return (f"{len(r.classes)} classes ({sum(len(w) - 1 for w in r.synonyms.values())} synonyms), {len(r.templates)} "
+            f"templates, counts of {len(r.distributions):,} subjects; {splits}")
+
+
+def check_coda(hub_id: str) -> str:
+    from xdbert.data.coda import load_coda
+
+    splits = load_coda(hub_id)
+    return "rows (objects): " + ", ".join(f"{split} {len(rows):,} ({len({r.class_id for r in rows}):,})"
+                                           for split, rows in splits.items())
+
+
 # ----------------------------------------------------------------------------------------------------
 # The table
 # ----------------------------------------------------------------------------------------------------
@@ -206,9 +225,15 @@ def checks(p: dict) -> list[tuple[str, Callable[[], str]]]:
     """(asset, check) for every asset params `p` name, in stage order."""
     model, tasks = P.section(p, "model"), P.section(p, "tasks")
     out: list[tuple[str, Callable[[], str]]] = []
+    relations = []
     for key, path in provided.files(p):
         if key == "tasks.read_path":
             out.append((f"{path} (`{key}`)", lambda path=str(path): check_read(path, p)))
+        elif key == provided.VICOMTE:  # one row per relation: its checks span its files
+            relation = vicomte.locate(path)
+            if relation not in relations:
+                relations.append(relation)
+                out.append((f"{relation[0]} {relation[1]} (`{key}`)", lambda r=relation: check_vicomte(*r)))
         else:
             out.append((f"{path} (`{key}`)", lambda path=path: check_captions(path)))
     families: dict[str, list[str]] = {}
@@ -223,6 +248,8 @@ def checks(p: dict) -> list[tuple[str, Callable[[], str]]]:
             out.append((label, lambda a=asset: check_swag(a.repo_id)))
         elif asset.key == "tasks.read_path":
             out.append((label, lambda a=asset: check_read(a.repo_id, p)))
+        elif asset.key == "probes.coda_hub_id":
+            out.append((label, lambda a=asset: check_coda(a.repo_id)))
         elif asset.key == "model.clip_pretrained":
             out.append((label, lambda: check_clip(model["clip"], model["clip_pretrained"])))
         elif asset.repo_type == "model":

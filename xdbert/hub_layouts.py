@@ -6,7 +6,8 @@ transformers' sources (the project's shared HUB_LAYOUTS.md), never from the load
 mirror built from those, it would only show that the code agrees with itself. tests/test_mirror.py holds
 the loaders' constants (hub ids, configs, splits, columns, label orders, file names) against this record.
 
-Feature types: "string", "int32", "float32", or a tuple of ClassLabel names in label order.
+Feature types: "string", "int32", "float32", a tuple of ClassLabel names in label order, or ("float",) for a list of
+floats.
 """
 from __future__ import annotations
 
@@ -30,6 +31,20 @@ MODELS: dict[str, dict] = {
                   "resolves there); gamma/beta under a `bert.` prefix: huggingface/transformers#11809, huggingface/candle "
                   "PR #1888; config.json: https://huggingface.co/rayTest/bert-base-uncased/blob/main/config.json "
                   "(a verbatim copy, 570 bytes)",
+    },
+    "bert-base-cased": {  # the probes' reference row (`probes.reference`)
+        "files": (*_ENCODER_FILES, "model.safetensors", "pytorch_model.bin"),
+        "weights": "model.safetensors", "format": "safetensors", "layer_norm": ("gamma", "beta"),
+        "checkpoint_class": "BertForPreTraining",
+        "config": {**_BERT, "architectures": ["BertForMaskedLM"], "model_type": "bert", "gradient_checkpointing": False,
+                   "position_embedding_type": "absolute", "use_cache": True, "vocab_size": 28996},
+        # 49 bytes: bert-base-uncased's 48-byte file with `false` for `true`
+        "tokenizer_config": {"do_lower_case": False, "model_max_length": 512},
+        "source": "files at cd5ef92 (\"Updates the tokenizer configuration file (#10)\"): https://huggingface.co/google-bert/"
+                  "bert-base-cased/tree/cd5ef92a9fb2f889e972770a36d4ed042daf221e (config.json 570 bytes like uncased's, "
+                  "vocab.txt 213 kB: 28,996 tokens, tokenizer_config.json 49 bytes; model.safetensors converted from "
+                  "pytorch_model.bin in PR #1). Its config beside uncased's but vocab_size, and gamma/beta key names, are "
+                  "inferred from bert-base-uncased's (the same release and conversions), not seen",
     },
     "google/electra-base-discriminator": {
         "files": (*_ENCODER_FILES, "pytorch_model.bin"),
@@ -119,5 +134,26 @@ DATASETS: dict[str, dict] = {
         "unlabeled": ("test",),
         "source": "datasets 2.0.0 datasets/swag/swag.py (`regular` features and splits, test label -1); shard: "
                   "https://huggingface.co/datasets/allenai/swag/commits/main/regular/train-00000-of-00001.parquet",
+    },
+    "corypaik/coda": {
+        # not parquet: a loading script (which the pinned `datasets` refuses) beside JSON-lines files, one per split,
+        # read with the `json` builder; the two ClassLabel columns hold ids, as `Dataset.to_json` writes them
+        "format": "jsonl",
+        "data_files": {"train": "data/default_train.jsonl", "validation": "data/default_validation.jsonl",
+                       "test": "data/default_test.jsonl"},
+        "files": ("README.md", "coda.py", "dataset_infos.json"),  # beside the data files; no loader here reads them
+        "features": (("class_id", "string"), ("display_name", "string"), ("ngram", "string"), ("label", ("float",)),
+                     ("object_group", ("Single", "Multi", "Any")), ("text", "string"),
+                     ("template_group", ("clip-imagenet", "text-masked")), ("template_idx", "int32")),
+        # `label`: the human distribution over these colours, in this order
+        "colors": ("black", "blue", "brown", "gray", "green", "orange", "pink", "purple", "red", "white", "yellow"),
+        "objects": {"train": 311, "validation": 103, "test": 107},
+        "mask": "[MASK]",  # in every text-masked template
+        "source": "files: https://huggingface.co/datasets/corypaik/coda/tree/main (9f47e7e: README.md, coda.py, "
+                  "dataset_infos.json, data/) and .../tree/refs%2Fpr%2F3/data (default_train.jsonl 1.71 MB, "
+                  "default_validation.jsonl 574 kB, default_test.jsonl 589 kB, added in dee0883); features, ClassLabel "
+                  "names, colours, templates and the `to_json(orient='records', lines=True)` export: github nala-cub/coda "
+                  "projects/coda/probing/dataset/dataset.py, _src/constants.py (COLORS), data/coda/templates.yaml. "
+                  "Objects per split: PROBES.md. That the ClassLabel columns hold ids is inferred from the export, not seen",
     },
 }

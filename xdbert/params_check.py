@@ -22,6 +22,7 @@ from xdbert.analysis.pwcca import PwccaSettings
 from xdbert.data.captions import CaptionSettings
 from xdbert.data.corpus import CorpusSettings
 from xdbert.data.mechanism import VIS, MechanismSettings
+from xdbert.data.probes import ProbesSettings
 from xdbert.data.tasks.registry import get_task
 from xdbert.data.tasks.settings import TasksSettings
 from xdbert.data.tokenization.build import Settings as TokenizeSettings
@@ -80,6 +81,7 @@ def check(p: dict) -> None:
     grounding = GroundingSettings.from_params(p, files=False)
     CaptionSettings.from_params(p)
     attention = AttentionSettings.from_params(p, files=False)
+    ProbesSettings.from_params(p)
 
     _named("attention.task", [attention.task], tasks.names, "in tasks.names (its dev split is read)")
     for task in grounding.tasks:

@@ -4,4 +4,6 @@
 - `tasks`: the ten finetuning tasks in one normalized schema, and their metrics.
 - `synthetic`: the embedded profile's generated corpus and task stand-ins.
 - `tokenization`, `shards`: the dual (BERT + CLIP) tokenization of the corpus into Arrow shards.
+- `provided`: the hand-provided files, checked before any work; `vicomte`, `coda`, `probes`: the visual-knowledge
+  probes' data (ViComTe's files, CoDa) and their params section.
 """

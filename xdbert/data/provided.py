@@ -1,7 +1,8 @@
-"""Files a user provides by hand, because no hub serves them: CommonLit's train.csv and COCO's captions.
+"""Files a user provides by hand, because no hub serves them: CommonLit's train.csv, COCO's captions and
+ViComTe's files (xdbert.data.vicomte).
 
 The paper profile expects them under inputs/, a folder dvc.yaml declares as a dependency of the stages
-that read them (`tasks`, `grounding`), so replacing a file reruns those stages. The first stage of the
+that read them (`tasks`, `grounding`, and the probes' stage for inputs/vicomte), so replacing a file reruns those stages. The first stage of the
 graph (`corpus`) and `xdbert fetch` check that each one is there and readable, so a missing or wrong file
 stops the run in a second, before any download or training, instead of hours in.
 """
@@ -11,9 +12,12 @@ import csv
 import json
 from pathlib import Path
 
+from xdbert.data import vicomte
+from xdbert.data.probes import ProbesSettings
 from xdbert.errors import PipelineError
 
 INPUTS = Path("inputs")
+VICOMTE = "probes.vicomte_dir"  # the param of every ViComTe file
 READ_COLUMNS = ("excerpt", "target")  # of Kaggle's commonlitreadabilityprize train.csv
 
 
@@ -26,6 +30,9 @@ def files(p: dict) -> list[tuple[str, Path]]:
         out.append(("tasks.read_path", Path(tasks["read_path"])))
     if str(grounding.get("captions")).endswith(".json"):
         out.append(("grounding.captions", Path(grounding["captions"])))
+    probes = ProbesSettings.from_params(p) if "probes" in p else None  # checked: its folder and relations make paths
+    if probes and probes.enabled:
+        out += [(VICOMTE, path) for relation in probes.relations for path in vicomte.files(probes.vicomte_dir, relation)]
     return out
 
 
@@ -36,13 +43,21 @@ def check(p: dict) -> None:
 
 def check_files(expected: list[tuple[str, Path]]) -> None:
     """Every (param, path) of `files` is there and in its format: one PipelineError naming the first that is
-    not. A file outside inputs/ is read, with a note that DVC does not track it."""
+    not. A file outside inputs/ is read, with a note that DVC does not track it. ViComTe's files are read a
+    relation at a time, as their checks span files (a subject's counts, a class of the word list)."""
+    relations, noted = set(), set()
     for key, path in expected:
         if key == "tasks.read_path":
             check_read_csv(path)
+        elif key == VICOMTE:
+            relation = vicomte.locate(path)
+            if relation not in relations:
+                relations.add(relation)
+                vicomte.load_relation(*relation)
         else:
             read_coco_captions(path)
-        if not path.resolve().is_relative_to(INPUTS.resolve()):
+        if key not in noted and not path.resolve().is_relative_to(INPUTS.resolve()):
+            noted.add(key)
             print(f"note: {path} (`{key}`) is outside {INPUTS}/, which DVC tracks: replacing it will not rerun "
                   f"the stages that read it")
 

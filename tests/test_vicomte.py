@@ -1,0 +1,175 @@
+"""ViComTe's hand-provided files (xdbert.data.vicomte) in the layout of the authors' repository: the line formats read
+as they are written there, the mirror's files (the rehearsal's, written by `mirror.write_vicomte`) loaded whole, and
+each bad file one `PipelineError` line naming the file and its line; through the first stage, exit 2 and nothing
+written."""
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from xdbert import mirror
+from xdbert.data import provided, vicomte
+from xdbert.data.probes import ProbesSettings
+from xdbert.errors import PipelineError
+from xdbert.profiles import values
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    """ViComTe's three relations as the rehearsal's mirror writes them, under inputs/vicomte."""
+    out = tmp_path / "inputs" / "vicomte"
+    for relation in vicomte.RELATIONS:
+        mirror.write_vicomte(out, relation, 0)
+    return out
+
+
+def path_of(folder: Path, name: str, relation: str = "color") -> Path:
+    return dict(zip(vicomte.FILES, vicomte.files(folder, relation)))[name]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The real line formats
+# ----------------------------------------------------------------------------------------------------
+
+def test_the_authors_line_formats_read_as_written(tmp_path):
+    """Lines as the repository's files hold them (f111efc): a word list ending without a newline, synonyms between
+    the classes; the counts as one JSON object on one line; `alt` beside `sub` and `obj`."""
+    files = dict(zip(vicomte.FILES, vicomte.files(tmp_path, "color")))
+    for path in files.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    files["words"].write_text("amber: orange\naqua: blue\nblack\nblue\norange")
+    files["distributions"].write_text('{"pine tree": [3, 40, 1], "sign": [52, 9, 7], "clock": [10, 2, 1]}')
+    files["templates"].write_text('{"template": "[X] can be of color [Y] ."}\n{"template": "[Y] [X] ."}\n')
+    for name in ("all/train", "single/train"):
+        files[name].write_text('{"sub": "pine tree", "obj": "blue", "alt": "orange"}\n{"sub": "sign", "obj": "black", "alt": "blue"}\n')
+    for name in ("all/test", "single/test"):
+        files[name].write_text('{"sub": "clock", "obj": "black", "alt": "orange"}\n')
+    r = vicomte.load_relation(tmp_path, "color")
+    assert r.classes == ("black", "blue", "orange")  # the lines without `:`, in file order: the counts' order
+    assert r.synonyms == {"black": ("black",), "blue": ("blue", "aqua"), "orange": ("orange", "amber")}
+    assert r.templates == ("[X] can be of color [Y] .", "[Y] [X] .")
+    assert r.distributions == {"pine tree": (3, 40, 1), "sign": (52, 9, 7), "clock": (10, 2, 1)}
+    assert r.splits["all"]["train"] == (vicomte.Example("pine tree", "blue"), vicomte.Example("sign", "black"))
+    assert r.splits["single"]["test"] == (vicomte.Example("clock", "black"),)
+
+
+def test_the_mirrors_relations_load_whole(folder):
+    for relation in vicomte.RELATIONS:
+        r = vicomte.load_relation(folder, relation)
+        assert r.classes == mirror.VICOMTE_CLASSES[relation]
+        assert {(word, c) for c, words in r.synonyms.items() for word in words[1:]} == set(mirror.VICOMTE_SYNONYMS[relation])
+        assert {g: {s: len(rows) for s, rows in split.items()} for g, split in r.splits.items()} == mirror.VICOMTE_ROWS
+        examples = [e for split in r.splits.values() for rows in split.values() for e in rows]
+        assert all(r.classes[max(range(len(r.classes)), key=r.distributions[e.sub].__getitem__)] == e.obj for e in examples)
+        assert len({e.obj for e in r.splits["all"]["train"]}) >= 2  # a classifier needs two classes
+        assert all(t.count("[X]") == t.count("[Y]") == 1 for t in r.templates)
+
+
+def test_a_file_is_located_by_its_path(folder):
+    for relation in vicomte.RELATIONS:
+        assert {vicomte.locate(p) for p in vicomte.files(folder, relation)} == {(folder, relation)}
+    assert vicomte.locate(Path("inputs/vicomte/mine-data/db/shape/single/test.jsonl")) == (Path("inputs/vicomte"), "shape")
+    assert vicomte.locate(Path("inputs/commonlit/train.csv")) is None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bad files: one line naming the file (and line) and what is allowed
+# ----------------------------------------------------------------------------------------------------
+
+def rewrite(path: Path, change) -> None:
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(change(lines)) + "\n")
+
+
+def set_line(index: int, row: dict):
+    return lambda lines: lines[:index] + [json.dumps(row)] + lines[index + 1:]
+
+
+BAD = {
+    "missing key": ("all/train", set_line(1, {"sub": "ball", "alt": "red"}),
+                    r"mine-data/db/color/train.jsonl, line 2: expected a JSON object with the text keys sub, obj"),
+    "not JSON": ("all/test", lambda lines: lines + ['{"sub": "kite", "obj": '],
+                 r"mine-data/db/color/test.jsonl, line 9: expected a JSON object"),
+    "attribute outside the classes": ("single/train", set_line(0, {"sub": "kite", "obj": "teal", "alt": "red"}),
+                                      r"mine-data/db/color/single/train.jsonl, line 1: `obj` 'teal' is not a class; "
+                                      r"allowed: black, blue, brown, gray, green, orange, pink, purple, red, silver, white, yellow"),
+    "empty split": ("single/test", lambda lines: [], r"mine-data/db/color/single/test.jsonl holds no examples"),
+    "template without [X]": ("templates", set_line(0, {"template": "the color is [Y] ."}),
+                             r"prompts/vl/color.jsonl, line 1: a template holds \[X\] \(the subject\) once and \[Y\]"),
+    "template without [Y]": ("templates", set_line(2, {"template": "a [X] ."}),
+                             r"prompts/vl/color.jsonl, line 3: a template holds \[X\]"),
+    "subject missing from the distributions": (
+        "distributions", lambda lines: [json.dumps({k: v for k, v in json.loads(lines[0]).items() if k != "ball"})],
+        r"mine-data/db/color/train.jsonl, line 2: subject 'ball' has no counts in .*mine-data/distributions/color-dist.jsonl"),
+    "counts of another length": (
+        "distributions", lambda lines: [json.dumps({**json.loads(lines[0]), "kite": [1, 2, 3]})],
+        r"color-dist.jsonl, subject 'kite': expected 12 non-negative counts, one per class \(black, blue,"),
+    "synonym of no class": ("words", lambda lines: lines + ["teal: cyan"],
+                            r"mine-data/words/color-words.txt, line 15: expected a class word .* the classes are black, "),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_file_is_one_line_naming_it(folder, case):
+    name, change, message = BAD[case]
+    rewrite(path_of(folder, name), change)
+    with pytest.raises(PipelineError, match=message) as e:
+        vicomte.load_relation(folder, "color")
+    assert "\n" not in str(e.value)
+    vicomte.load_relation(folder, "shape")  # another relation's files are untouched
+
+
+def test_a_missing_file_names_it_and_where_the_files_come_from(folder):
+    path_of(folder, "words", "material").unlink()
+    path_of(folder, "single/test", "material").unlink()
+    with pytest.raises(PipelineError, match=r"^missing .*mine-data/words/material-words.txt \(and 1 more ViComTe files\): "
+                                            r"copy mine-data/ and soft-prompts/ of github ChenyuHeidiZhang/VL-commonsense"):
+        vicomte.load_relation(folder, "material")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The params section and the check before the first stage
+# ----------------------------------------------------------------------------------------------------
+
+def test_the_probes_are_on_in_the_paper_profile_only():
+    assert ProbesSettings.from_params(values("paper")) == ProbesSettings(
+        True, Path("inputs/vicomte"), ("color", "shape", "material"), "corypaik/coda", "bert-base-cased")
+    for profile in ("embedded", "micro"):
+        assert not ProbesSettings.from_params(values(profile)).enabled
+        assert not [key for key, _ in provided.files(values(profile)) if key == provided.VICOMTE]
+
+
+def test_only_the_relations_named_are_checked(folder, monkeypatch):
+    monkeypatch.chdir(folder.parents[1])
+    p = values("paper")
+    p["probes"]["relations"] = ["shape"]
+    path_of(folder, "words", "color").unlink()
+    files = [(key, path) for key, path in provided.files(p) if key == provided.VICOMTE]
+    assert files == [(provided.VICOMTE, path) for path in vicomte.files("inputs/vicomte", "shape")]
+    provided.check_files(files)
+
+
+def test_the_first_stage_stops_on_a_bad_vicomte_file_and_writes_nothing(folder, capsys, monkeypatch):
+    """The paper profile, its other hand-provided files in place (the mirror's): `corpus` fails in one line, exit 2,
+    before it loads wiki103, and writes nothing."""
+    root = folder.parents[1]
+    monkeypatch.chdir(root)
+    p = values("paper")
+    mirror.write_inputs(p, root)  # CommonLit and COCO; ViComTe's are there already
+    rewrite(path_of(folder, "all/test", "shape"), set_line(0, {"sub": "kite", "obj": "teal", "alt": "star"}))
+    (root / "params.yaml").write_text(yaml.safe_dump(p))
+    monkeypatch.setattr(sys, "argv", ["stages/corpus.py"])
+    before = sorted(str(f) for f in root.rglob("*"))
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(ROOT / "stages" / "corpus.py"), run_name="__main__")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: inputs/vicomte/mine-data/db/shape/test.jsonl, line 1: `obj` 'teal' is not a class")
+    assert sorted(str(f) for f in root.rglob("*")) == before and not (root / "data").exists()

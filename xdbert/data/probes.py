@@ -1,0 +1,38 @@
+"""The `probes` params section, checked: the visual-knowledge probes' inputs (PROBES.md, issue 56).
+
+ViComTe's files are provided by hand under `vicomte_dir` (xdbert.data.vicomte); CoDa and the reference model
+(`bert-base-cased`, the encoder ViComTe's published figures are for) come from the hub, pinned by `xdbert fetch`
+at the revision `hub.revisions` asks for. Off in the embedded and micro profiles: their encoders are small random
+stand-ins that know no colour, shape or material, and the data cannot be generated with any meaning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from xdbert import params as P
+from xdbert.data.vicomte import RELATIONS
+from xdbert.errors import PipelineError
+
+
+@dataclass(frozen=True)
+class ProbesSettings:
+    """The `probes` params section, checked whether or not it is enabled."""
+
+    enabled: bool
+    vicomte_dir: Path          # ViComTe's mine-data/ and soft-prompts/, as in the authors' repository
+    relations: tuple[str, ...]  # of ViComTe's color, shape and material
+    coda_hub_id: str
+    reference: str             # the reference row's encoder, a hub id
+
+    @classmethod
+    def from_params(cls, params: dict) -> "ProbesSettings":
+        get = P.getter(P.section(params, "probes"), "probes")
+        relations = P.subset(get("relations"), "probes.relations", RELATIONS)
+        if len(set(relations)) != len(relations):
+            raise PipelineError(f"`probes.relations` lists a relation twice: {relations}")
+        return cls(enabled=P.flag(get("enabled"), "probes.enabled"),
+                   vicomte_dir=Path(P.nonempty_str(get("vicomte_dir"), "probes.vicomte_dir")),
+                   relations=tuple(relations),
+                   coda_hub_id=P.nonempty_str(get("coda_hub_id"), "probes.coda_hub_id"),
+                   reference=P.nonempty_str(get("reference"), "probes.reference"))
