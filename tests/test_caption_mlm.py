@@ -174,29 +174,40 @@ def test_captions_with_cross_layers_match_or_cliptc_are_refused(override, got):
         AdaptSettings.from_params(p, "xdbert")
 
 
-def test_the_stage_adapts_on_the_captions_for_the_baselines_steps(repo, tmp_path, monkeypatch, capsys):
-    """`python stages/adapt.py bert caption_mlm`, in this process, on the tiny repo."""
+def run_stage(folder: Path, repo: Path, captions: list[str], monkeypatch) -> tuple[dict, dict]:
+    """`python stages/adapt.py bert caption_mlm`, in this process, in `folder` with the tiny repo's shards and
+    models and `captions` as data/captions/captions.json: (its metrics, the adapted encoder's weights)."""
     import runpy
+
+    from safetensors.torch import load_file
 
     params = values("embedded")
     params["model"].update(encoder="random:bert", encoder_config=dict(TINY_BERT), clip=CLIP, clip_pretrained="")
     params["adapt"].update(batch_size=8, micro_batch_size=8, eval_windows=8, checkpoint_every=2)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
-    (tmp_path / "data").symlink_to(repo / "data", target_is_directory=True)
-    (tmp_path / "models").mkdir()
-    for folder in ("tokenizer", "pretrain_encoder"):
-        (tmp_path / "models" / folder).symlink_to(repo / "models" / folder, target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
+    (folder / "data" / "captions").mkdir(parents=True)
+    (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    (folder / "data" / "shards").symlink_to(repo / "data" / "shards", target_is_directory=True)
+    write_coco_captions(captions, folder / "data" / "captions" / "captions.json")
+    (folder / "models").mkdir()
+    for name in ("tokenizer", "pretrain_encoder"):
+        (folder / "models" / name).symlink_to(repo / "models" / name, target_is_directory=True)
+    monkeypatch.chdir(folder)
     monkeypatch.setattr(sys, "argv", ["stages/adapt.py", "bert", "caption_mlm"])
     runpy.run_path(str(ROOT / "stages" / "adapt.py"), run_name="__main__")
-    out = capsys.readouterr().out
-    metrics = json.loads((tmp_path / "metrics" / "adapt" / "bert" / "caption_mlm.json").read_text(encoding="utf-8"))
-    n_train = shards.read_manifest(repo / "data" / "shards")["splits"]["train"]["windows"]
-    n_captions = len(caption_windows(generate_captions(120, seed=0), shards.read_manifest(repo / "data" / "shards"),
-                                     AutoTokenizer.from_pretrained(str(repo / "models" / "tokenizer")).backend_tokenizer.to_str(),
-                                     clip_fast_tokenizer(CLIP).to_str()))
-    assert (metrics["text"], metrics["train_windows"]) == ("captions", n_captions) and n_captions != n_train
+    adapted = folder / "models" / "adapted" / "bert" / "caption_mlm"
+    assert not (folder / "checkpoints" / "adapt" / "bert" / "caption_mlm.pt").exists()
+    return (json.loads((folder / "metrics" / "adapt" / "bert" / "caption_mlm.json").read_text(encoding="utf-8")),
+            load_file(adapted / "model.safetensors"))
+
+
+def test_the_stage_adapts_on_the_captions_for_the_baselines_steps(repo, captions, tmp_path, monkeypatch, capsys):
+    text, windows, _, manifest = captions
+    metrics, weights = run_stage(tmp_path / "a", repo, text, monkeypatch)
+    n_train = manifest["splits"]["train"]["windows"]
+    assert (metrics["text"], metrics["train_windows"]) == ("captions", len(windows)) and len(windows) != n_train
     assert metrics["steps"] == -(-n_train // 8)  # the baseline's: one pass over the corpus windows
-    assert f"{n_captions:,} caption windows from data/captions/captions.json" in out
-    assert (tmp_path / "models" / "adapted" / "bert" / "caption_mlm" / "config.json").is_file()
-    assert not (tmp_path / "checkpoints" / "adapt" / "bert" / "caption_mlm.pt").exists()
+    assert f"{len(windows):,} caption windows from data/captions/captions.json" in capsys.readouterr().out
+    # other captions, the same steps, other weights: the run learns from the captions, not the corpus
+    other_metrics, other = run_stage(tmp_path / "b", repo, generate_captions(120, seed=1), monkeypatch)
+    assert other_metrics["steps"] == metrics["steps"] and other.keys() == weights.keys()
+    assert any(not torch.equal(other[k], weights[k]) for k in weights)
