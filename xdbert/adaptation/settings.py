@@ -17,6 +17,7 @@ from xdbert.model import LOSSES
 # caption-text control: the encoder alone, MLM only, for the steps a corpus run takes.
 TEXTS = ("corpus", "captions")
 
+
 @dataclass(frozen=True)
 class PretrainSettings:
     """One pretraining stand-in's run (`xdbert.adaptation.pretraining`); `steps` is the stand-in's own."""
