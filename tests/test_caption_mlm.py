@@ -154,6 +154,31 @@ def test_a_tiny_adaptation_on_caption_windows_lowers_its_mlm_loss(captions, tmp_
     assert m["train_mlm_loss"] < m["first_mlm_loss"] - 0.7, (m["first_mlm_loss"], m["train_mlm_loss"])
 
 
+def test_a_killed_caption_run_resumes_to_the_same_weights_and_other_captions_do_not(captions, tmp_path, capsys):
+    """As every variant: a checkpoint resumes into the same steps (past a pass's end, into the next pass's
+    order), and a checkpoint of other caption windows or another step count starts afresh."""
+    text, windows, tok, manifest = captions
+    s = caption_settings(lr=1e-3, checkpoint_every=2)
+    make = BatchMaker(s, manifest["n_blocks"], vocab_size=len(tok), special_ids=tok.all_special_ids,
+                      mask_id=tok.mask_token_id, eot_id=49407)
+    steps = -(-len(windows) // 4) + 3  # into the second pass
+    whole = mlm_model(len(tok))
+    adapt(whole, windows, windows, make, s, tmp_path / "a.pt", steps=steps)
+    other = caption_windows(text[1:], manifest, tok.backend_tokenizer.to_str(), clip_fast_tokenizer(CLIP).to_str())
+    for name, (data, n) in {"length": (windows, steps + 2), "captions": (other, steps)}.items():
+        adapt(mlm_model(len(tok)), data, windows, make, s, tmp_path / f"{name}.pt", steps=n, stop_after=2)
+        capsys.readouterr()
+        adapt(mlm_model(len(tok)), windows, windows, make, s, tmp_path / f"{name}.pt", steps=steps, stop_after=1)
+        assert "starting afresh" in capsys.readouterr().out, name
+    ckpt = tmp_path / "b.pt"
+    adapt(mlm_model(len(tok)), windows, windows, make, s, ckpt, steps=steps, stop_after=steps - 1)  # killed
+    resumed = mlm_model(len(tok))
+    adapt(resumed, windows, windows, make, s, ckpt, steps=steps)
+    assert f"resuming from {ckpt} at step {steps - 1 - (steps - 1) % 2}/{steps}" in capsys.readouterr().out
+    a, b = whole.state_dict(), resumed.state_dict()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
 @pytest.mark.parametrize("override, got", [
     ({"cross_layers": 2}, "got cross_layers 2, losses ['mlm']"),
     ({"cross_layers": 2, "losses": ["mlm", "match"]}, "got cross_layers 2, losses ['mlm', 'match']"),
