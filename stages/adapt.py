@@ -8,6 +8,9 @@ VARIANT is `xdbert` (the proposed setting, every family), `baseline` (MLM only, 
 (the language encoder alone, a plain `save_pretrained` folder), models/crossmodal/<family>/<variant> (the
 whole cross-modal model; not for the baseline, which has none) and metrics/adapt/<family>/<variant>.json (the
 held-out metrics, and the parameters of each part of the model it built: Table 6's counts).
+A variant with `text: captions` (the caption-text control, `caption_mlm`) trains on data/captions/captions.json
+packed into windows of the shards' length (xdbert.adaptation.captions) for the steps the corpus windows give
+(`loop.total_steps`), and is scored on the corpus's held-out windows as every variant is.
 Checkpoints go to checkpoints/adapt/<family>/<variant>.pt, outside DVC's outputs, so a killed run resumes.
 On a machine with several GPUs it runs once per GPU (xdbert.adaptation.launch); the main process
 alone writes the outputs and removes the checkpoint.
@@ -23,16 +26,16 @@ from xdbert.model.settings import ModelSettings, ablation_family
 from xdbert.stage import run
 
 
-def read(p: dict, family: str, variant: str) -> tuple[str, ModelSettings, AdaptSettings, str]:
-    """(profile, model, settings, the full key of its `clip_heads`): every param this stage reads, checked;
-    tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
+def read(p: dict, family: str, variant: str) -> tuple[str, ModelSettings, AdaptSettings, dict[str, str]]:
+    """(profile, model, settings, the full keys its `clip_heads` and `text` come from, for the errors that name
+    them): every param this stage reads, checked; tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
     model = ModelSettings.from_params(p, family)
     settings = AdaptSettings.from_params(p, variant)
     ablated = ablation_family(p).name
     if variant not in (params.PROPOSED, params.BASELINE) and family != ablated:
         raise PipelineError(f"the ablation variant {variant!r} is adapted on `adapt.family` ({ablated}) only; "
                             f"family {family!r} has {params.PROPOSED} and {params.BASELINE}")
-    return p["profile"], model, settings, setting_key(p, variant, "clip_heads")
+    return p["profile"], model, settings, {key: setting_key(p, variant, key) for key in ("clip_heads", "text")}
 
 
 def main() -> None:
@@ -40,13 +43,16 @@ def main() -> None:
         raise PipelineError("usage: python stages/adapt.py FAMILY VARIANT (a key of `families`; xdbert, baseline or a "
                             "key of adapt.variants)")
     family, variant = sys.argv[1:]
-    profile, model, settings, clip_heads_key = read(params.load(), family, variant)
+    profile, model, settings, keys = read(params.load(), family, variant)
     name = f"{family}/{variant}"
     stage = {params.PROPOSED: f"adapt@{family}", params.BASELINE: f"adapt_baseline@{family}"}.get(variant, f"ablate@{variant}")
 
     from xdbert.data import shards
 
     manifest = shards.read_manifest(paths.SHARDS)
+    if settings.text == "captions" and not paths.CAPTIONS_JSON.is_file():
+        raise PipelineError(f"missing {paths.CAPTIONS_JSON}, the captions `{keys['text']}: captions` trains on: run "
+                            f"`dvc repro captions`")
     # Heavy imports after the params and the manifest are known to be good: a typo or a missing input
     # fails in a second.
     import torch
@@ -62,8 +68,11 @@ def main() -> None:
     from dvclive import Live
     from transformers import AutoTokenizer
 
-    from xdbert.adaptation.loop import BatchMaker, adapt
+    from xdbert.adaptation.captions import caption_windows
+    from xdbert.adaptation.loop import BatchMaker, adapt, total_steps
     from xdbert.clip import clip_special_ids
+    from xdbert.data.provided import read_coco_captions
+    from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
     from xdbert.data.tokenization.vocab import check_shared_vocabulary
     from xdbert.model.build import build_xdbert, check_clip_heads
     from xdbert.model.modeling import PARTS, count_parameters
@@ -72,13 +81,20 @@ def main() -> None:
     try:  # the tower's width is open_clip's to tell: here, before the shards are read
         check_clip_heads(model.clip, settings.clip_heads)
     except ValueError as e:
-        raise PipelineError(f"`{clip_heads_key}` = {e}") from None
+        raise PipelineError(f"`{keys['clip_heads']}` = {e}") from None
     shards.check_matches(manifest, tokenizer_dir=paths.TOKENIZER, clip_name=model.clip)
     check_shared_vocabulary(model.encoder, family, paths.TOKENIZER)
     # verify: a flipped byte inside a shard still reads as Arrow; only its sha256 tells
     train, valid = (shards.open_shards(paths.SHARDS, split, verify=True) for split in ("train", "valid"))
     tok = AutoTokenizer.from_pretrained(str(paths.TOKENIZER))
     _, eot = clip_special_ids(model.clip)
+    steps = total_steps(len(train), settings)  # the corpus's: the caption control takes as many over its windows
+    windows = train
+    if settings.text == "captions":
+        windows = caption_windows(read_coco_captions(paths.CAPTIONS_JSON), manifest, tok.backend_tokenizer.to_str(),
+                                  clip_fast_tokenizer(model.clip).to_str())
+        print(f"{stage}: {len(windows):,} caption windows from {paths.CAPTIONS_JSON}, {steps} steps "
+              f"({steps * settings.batch_size / len(windows):.2f} passes)", flush=True)
 
     xdbert = build_xdbert(model, settings, vocab_size=len(tok), clip_blocks=manifest["n_blocks"], clip_eot_id=eot,
                           splits=(train, valid), clip_tower=paths.MODELS / settings.clip_tower)
@@ -101,7 +117,7 @@ def main() -> None:
             for k, v in metrics.items():
                 live.log_metric(k, v, plot=True)
             live.next_step()
-        metrics = adapt(xdbert, train, valid, make_batch, settings, checkpoint, log=log if live else None)
+        metrics = adapt(xdbert, windows, valid, make_batch, settings, checkpoint, log=log if live else None, steps=steps)
     if not main_process:
         return
 
@@ -110,7 +126,8 @@ def main() -> None:
         save_full(xdbert, paths.crossmodal(family, variant))
     runlog.write_metrics(paths.ADAPT_METRICS / family / f"{variant}.json",
                          {"family": family, "variant": variant, "encoder": model.encoder, "profile": profile,
-                          "mlm_head": xdbert.mlm_head_source, **metrics,
+                          "mlm_head": xdbert.mlm_head_source, "text": settings.text, "train_windows": len(windows),
+                          **metrics,
                           "parameters": {part: count_parameters(xdbert, part) for part in PARTS}}, stage)
     checkpoint.unlink(missing_ok=True)  # the outputs are complete; the checkpoint has done its job
     print(f"{stage}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("valid_")))

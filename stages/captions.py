@@ -2,13 +2,14 @@
 
     deps:   models/tokenizer (the word counts cut words as the grounding analysis does), inputs (COCO's
             captions, where a file is named)
-    outs:   data/captions: captions.json (COCO's layout, when generated), word_counts.json; with the mechanism
-            study on, also captions_nofacts.json (the twin tower's) and facts.json
+    outs:   data/captions: captions.json (COCO's layout, a copy where a file or a dataset is named), word_counts.json;
+            with the mechanism study on, also captions_nofacts.json (the twin tower's) and facts.json
 
 `grounding.captions`: `generated` (COCO-like scenes built from the corpus's concrete vocabulary; with the
 mechanism study on, half of them fact captions: xdbert/data/synthetic/world.py), a `.json` file in the
 layout of COCO's captions_train2017.json, or a `datasets` id / folder (`captions_hub_split`,
-`captions_hub_column`). The grounding analysis counts its words here; the CLIP stand-in trains on them.
+`captions_hub_column`). The grounding analysis counts its words here; the CLIP stand-in trains on them, and so
+does the caption-text control (`adapt.text: captions`, stages/adapt.py).
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ def main() -> None:
     counts = caption_word_counts(made["real"], tokenize, prefix=prefix)
     with io.atomic_path(CAPTIONS, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
-        if s.captions == "generated":
-            C.write_coco_captions(made["real"], tmp / C.CAPTIONS_FILE)
+        # every source's captions, in one layout: the caption control (`adapt.text: captions`) reads them here
+        C.write_coco_captions(made["real"], tmp / C.CAPTIONS_FILE, None if s.captions == "generated" else source)
         if s.mechanism.enabled:
             C.write_coco_captions(made["nofacts"], tmp / C.NOFACTS_FILE)
             io.write_json(tmp / C.FACTS_FILE, {"seed": s.mechanism.seed, **C.facts_record(s.mechanism.facts())})

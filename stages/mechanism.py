@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from xdbert import io
 from xdbert import params as P
-from xdbert.data.mechanism import NOFACTS, VIS, MechanismSettings
+from xdbert.data.mechanism import CAPTION_MLM, NOFACTS, VIS, MechanismSettings
 from xdbert.errors import PipelineError
 from xdbert.finetuning.runs import Run, Study
 from xdbert.model.settings import ablation_family
@@ -258,7 +258,8 @@ def study(plan: Plan, control_split: str, replication) -> tuple[dict, str]:
     head = header("The mechanism study: do CLIP's facts reach the encoder?", plan.profile,
                   ", ".join(plan.runs[VIS]), ", ".join(map(str, seeds))) + f"\n{S.summary(gates)}\n"
     shown = {name: {k: v for k, v in r.items() if k != "correct"} for name, r in at.items()}
-    return result, M.report_markdown(head, gates, rows, n, chance, bow, shown, settings, s.control_task)
+    notes = {CAPTION_MLM: "upper reference: the baseline's MLM and steps on the captions, where the facts are stated"}
+    return result, M.report_markdown(head, gates, rows, n, chance, bow, shown, settings, s.control_task, notes)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,10 @@ from xdbert.adaptation.loop import BatchMaker, adapt, evaluate, weighted_loss
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.clip import clip_block_mask
 from xdbert.data import shards
+from xdbert.data.captions import write_coco_captions
 from xdbert.data.corpus import write_corpus
 from xdbert.data.synthetic.documents import generate_corpus
+from xdbert.data.synthetic.words import generate_captions
 from xdbert.data.tokenization.build import Settings as TokenizeSettings
 from xdbert.data.tokenization.build import build as dual_tokenize
 from xdbert.data.tokenization.vocab import train_wordpiece
@@ -51,7 +53,7 @@ def repo(tmp_path_factory) -> Path:
     """A folder as the corpus, dual_tokenize, pretrain_encoder@bert and pretrain_clip stages leave it: data/corpus,
     data/shards, models/tokenizer, models/pretrain_encoder/bert, models/pretrain_clip and its twin
     models/pretrain_clip_nofacts (a random tiny BERT and random CLIP towers: these tests do not need them
-    trained; the `nofacts` variant adapts beside the twin)."""
+    trained; the `nofacts` variant adapts beside the twin), and data/captions/captions.json."""
     root = tmp_path_factory.mktemp("repo")
     write_corpus(generate_corpus(6, 12, seed=0), root / "data" / "corpus")
     settings = TokenizeSettings(vocab_size=300, max_len=32, n_blocks=1, shard_windows=32, max_overflow=0.1,
@@ -65,6 +67,9 @@ def repo(tmp_path_factory) -> Path:
     save_clip_tower(CLIPTextTower.build(CLIP), root / "models" / "pretrain_clip", CLIP)
     # the twin as a copy: which facts it holds is no matter to these tests (tests/test_mechanism_stage.py)
     shutil.copytree(root / "models" / "pretrain_clip", root / "models" / "pretrain_clip_nofacts")
+    # what the caption control (`caption_mlm`, `adapt.text: captions`) trains on: the `captions` stage's file
+    (root / "data" / "captions").mkdir(parents=True)
+    write_coco_captions(generate_captions(60, seed=0), root / "data" / "captions" / "captions.json")
     return root
 
 
@@ -505,6 +510,9 @@ ERRORS = {
                                 False, ["`adapt.variants.mlm_match.clip_heads` = 3 does not divide the width 64 of CLIP's text "
                                         "tower `xdbert-tiny`; allowed: 1, 2, 4, 8, 16, 32, 64"]),
     "other_tokenizer": ("xdbert", TINY_MODEL, True, ["another vocabulary", "models/tokenizer", "dvc repro dual_tokenize"]),
+    "captions_with_cross_layers": ("caption_mlm", {"adapt.variants.caption_mlm": {"losses": ["mlm"], "text": "captions"}},
+                                   False, ["`adapt.variants.caption_mlm.text: captions` trains the encoder alone",
+                                           "it needs `adapt.cross_layers: 0`", "got cross_layers 2"]),
 }
 
 

@@ -207,9 +207,12 @@ def test_settings_from_the_embedded_profile(variants_present):
     ({"variants": ["xdbert", "one_cross"]},
      "missing models/crossmodal/bert/one_cross/xdbert_config.json: run its adapt stage first (`dvc repro ablate@one_cross`)"),
     ({"variants": ["baseline"]}, "`attention.variants` names 'baseline', which is not an adapt variant with CLIP text "
-                                 "(baseline has no cross-modal model, a placeholder no CLIP); allowed: xdbert, mlm_match, "
-                                 "mlm, one_cross, two_epochs"),
+                                 "(baseline has no cross-modal model, a placeholder no CLIP, a variant with "
+                                 "`cross_layers: 0` no cross-attention); allowed: xdbert, mlm_match, mlm, one_cross, two_epochs, "
+                                 "nofacts"),
     ({"variants": ["xdbert", "placeholder"]}, "`attention.variants` names 'placeholder', which is not an adapt variant "
+                                              "with CLIP text"),
+    ({"variants": ["xdbert", "caption_mlm"]}, "`attention.variants` names 'caption_mlm', which is not an adapt variant "
                                               "with CLIP text"),
     ({"task": "swag"}, "`attention.task` must be a sentence or sentence-pair task, not multiple choice"),
     ({"task": "wnli"}, "unknown attention.task 'wnli'; allowed: rte, mrpc"),

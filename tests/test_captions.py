@@ -112,3 +112,20 @@ def test_stage_writes_the_study_captions_their_twin_and_facts(tmp_path, monkeypa
             assert len(objects) == 1 and objects[0] in captioned
     counts = json.loads((out / "word_counts.json").read_text())
     assert counts["captions"] == 2000 and counts["counts"]["striped"] > 0
+
+
+def test_stage_copies_a_coco_files_captions_into_captions_json(tmp_path, monkeypatch):
+    """Whatever `grounding.captions` names, data/captions/captions.json holds its captions: the caption control
+    (`adapt.text: captions`) reads them there, so the ablate stages depend on data/captions, not on inputs/."""
+    from xdbert.data.tokenization.vocab import train_wordpiece
+
+    caps = generate_captions(40, seed=5)
+    C.write_coco_captions(caps, tmp_path / "coco.json")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(caption_params({"enabled": False}, captions="coco.json")))
+    train_wordpiece(caps, 200, 64).save_pretrained(tmp_path / "models" / "tokenizer")
+    monkeypatch.chdir(tmp_path)
+    load_stage("captions").main()
+    out = tmp_path / "data" / "captions"
+    assert sorted(p.name for p in out.iterdir()) == ["captions.json", "word_counts.json"]
+    assert read_coco_captions(out / "captions.json") == caps
+    assert json.loads((out / "captions.json").read_text())["info"]["description"] == "COCO file coco.json"

@@ -164,6 +164,9 @@ def test_stage_writes_every_gate_with_its_numbers(clean, monkeypatch):
     for row in ("baseline", "xdbert", "nofacts", "full_xdbert", "full_nofacts", "clip_t", "clip_nofacts_t"):
         assert f"| {row} |" in md and set(result["cells"][row]) == {"F+", "F0", "T=", "T!=", "control"}
     assert result["cells"]["clip_t"]["F+"]["estimate"] == 1.0   # the rows read their own predictions
+    # the caption control: a cells row and a probe row, each named the upper reference
+    upper = "| caption_mlm (upper reference: the baseline's MLM and steps on the captions, where the facts are stated) |"
+    assert md.count(upper) == 2 and set(result["cells"]["caption_mlm"]) == {"F+", "F0", "T=", "T!=", "control"}
     assert "| tower pretrain_clip |" in md and "| tower after adaptation, nofacts |" in md
     assert "| corpus (context words) |" in md and "majority class / chance" in md
     assert len(result["probe"]["pretrain_encoder"]["layers"]) == 2   # the embeddings and one layer, all in the JSON

@@ -168,7 +168,8 @@ def adapt_values(p: dict, name: str) -> dict:
 
 def with_clip(p: dict) -> list[str]:
     """The adaptations whose cross-modal model sees CLIP text: the ones `attention.variants` may name."""
-    return [name for name in ["xdbert", *p["adapt"]["variants"]] if not adapt_values(p, name)["placeholder"]]
+    return [name for name in ["xdbert", *p["adapt"]["variants"]]
+            if adapt_values(p, name)["cross_layers"] and not adapt_values(p, name)["placeholder"]]
 
 
 def pick(options: list, fallback: Any) -> st.SearchStrategy:
@@ -214,7 +215,7 @@ def divisors(n: int) -> list[int]:
 
 # Adapt keys a valid variant may override, each with the adapt key's spec (`valid_value` keeps the rules).
 OVERRIDABLE = ("losses", "cross_layers", "clip_heads", "freeze_clip", "clip_tower", "mlm_negatives", "init_range", "cliptc_vocab",
-               "epochs", "lr", "warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob", "eval_windows",
+               "text", "epochs", "lr", "warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob", "eval_windows",
                "precision", "compile", "seed")
 
 
@@ -296,6 +297,7 @@ SCHEMA: dict[str, Spec] = {
     **{f"adapt.loss_weights.{name}": pos_float(100.0) for name in PAPER_LOSSES},  # the profiles name no distill weight
     "adapt.init_range": spec(st.one_of(st.none(), st.floats(1e-5, 1.0)), wrong("int", "float", "none"), NOT_POSITIVE),
     "adapt.cliptc_vocab": choice("full", "shards"),
+    "adapt.text": choice("corpus", "captions"),
     "adapt.epochs": pos_int(50), "adapt.lr": pos_float(),
     **{f"adapt.{k}": fraction() for k in ("warmup_ratio", "weight_decay")},
     "adapt.mlm_prob": TARGETS,  # every variant of every profile has MLM
@@ -346,7 +348,8 @@ SCHEMA: dict[str, Spec] = {
 
     "attention.variants": names(with_clip, min_size=1,
                                 bad=st.one_of(st.just([]), st.just(["xdbert", "xdbert"]), st.just(["baseline"]),
-                                              st.just(["placeholder"]), st.lists(UNKNOWN, min_size=1, max_size=1))),
+                                              st.just(["placeholder"]), st.just(["caption_mlm"]),
+                                              st.lists(UNKNOWN, min_size=1, max_size=1))),
     "attention.task": spec(lambda p, path: pick([t for t in p["tasks"]["names"] if t != "swag"], "rte"), wrong("text"),
                            lambda p, path: st.sampled_from(["swag", "wnli", *[t for t in TASK_NAMES if t not in p["tasks"]["names"]]])),
     "attention.index": non_negative(),
@@ -441,6 +444,8 @@ def rules_kept(p: dict) -> bool:
                 or ("match" in s["losses"] and s["micro_batch_size"] < 2):
             return False
         if s["cross_layers"] == 0 and (s["losses"] != ["mlm"] or s["placeholder"]):
+            return False
+        if s["text"] == "captions" and (s["cross_layers"] != 0 or s["losses"] != ["mlm"]):
             return False
         if "distill" in s["losses"] and (s["placeholder"] or "distill" not in (s["loss_weights"] or {})):
             return False

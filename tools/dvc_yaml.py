@@ -146,6 +146,10 @@ CROSS_MODAL = ("clip_heads", "placeholder", "freeze_clip", "clip_tower", "mlm_ne
 ADAPT_DEPS = ("data/shards", "models/tokenizer")
 MECHANISM_CHECKED = "the mechanism section is checked whole (xdbert.data.mechanism); this stage does not use the key"
 CLIP_TOWERS = ("models/pretrain_clip", "models/pretrain_clip_nofacts")  # `adapt.clip_tower` may name either
+# Only a variant with `adapt.text: captions` reads them, but a foreach template's deps are every item's: DVC
+# cannot give one variant a dep of its own (`${item.text}` fails on a variant without the key). With the mechanism
+# study on, every ablation reads them anyway, through the CLIP towers trained on them.
+CAPTION_TEXT = "data/captions  # whole: captions.json, for a variant with `adapt.text: captions`"
 
 PROVIDED_PROBES = reasons("probes", ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference"), "only to check "
                          "that ViComTe's hand-provided files are there (xdbert.data.provided); the probes read them")
@@ -194,7 +198,7 @@ STAGES: dict[str, Stage] = {
         unused={**CHECKED_FAMILIES, **ADAPT_KEYS, **ABLATION_FAMILY}),
     "ablate": Stage(
         "stages/adapt.py", args=f"{FAMILY} {KEY}", foreach="adapt.variants",
-        deps=(*ADAPT_DEPS, "models/pretrain_encoder/${adapt.family}", *CLIP_TOWERS),
+        deps=(*ADAPT_DEPS, "models/pretrain_encoder/${adapt.family}", *CLIP_TOWERS, CAPTION_TEXT),
         outs=("models/adapted/${adapt.family}/${key}", "models/crossmodal/${adapt.family}/${key}"),
         metrics=("metrics/adapt/${adapt.family}/${key}.json",),
         plots=("dvclive/adapt/${adapt.family}/${key}/plots/metrics",),

@@ -22,6 +22,7 @@ PRETRAIN_ENCODER = Path("models/pretrain_encoder")            # /<family>
 PRETRAIN_ENCODER_METRICS = Path("metrics/pretrain_encoder")   # /<family>.json
 # stage `captions`
 CAPTIONS = Path("data/captions")          # captions.json (COCO's layout), captions_nofacts.json, facts.json, word_counts.json
+CAPTIONS_JSON = CAPTIONS / "captions.json"  # the captions, whatever `grounding.captions` names: `adapt.text: captions` reads it
 # stage `pretrain_clip`
 MODELS = Path("models")
 PRETRAIN_CLIP = Path("models/pretrain_clip")

@@ -139,6 +139,13 @@ def evaluate(model: torch.nn.Module, valid, make_batch: BatchMaker, settings: Ad
     return metrics
 
 
+def total_steps(corpus_windows: int, settings: AdaptSettings) -> int:
+    """The optimizer steps of an adaptation: `epochs` passes over the corpus's `corpus_windows` train windows, in
+    batches of `batch_size` (the last of a pass holds what is left). The caption control (`text: captions`)
+    takes as many over its own windows, so it is compared with the baseline at the same steps."""
+    return math.ceil(corpus_windows / settings.batch_size) * settings.epochs
+
+
 def adapt(
     model: torch.nn.Module,
     train,
@@ -148,9 +155,13 @@ def adapt(
     checkpoint: Path,
     log: Callable[[dict, int], None] | None = None,
     stop_after: int | None = None,
+    steps: int | None = None,
 ) -> dict:
-    """Train `model` for `settings.epochs` over `train`; resume from `checkpoint` when it matches.
+    """Train `model` over `train` for `steps` optimizer steps (None: `settings.epochs` passes over `train`);
+    resume from `checkpoint` when it matches.
 
+    Each pass over `train` takes its windows in an order of its own, drawn from (seed, pass): a run of more
+    steps than `epochs` passes hold (the caption control on fewer windows than the corpus) starts another.
     Returns the metrics: final training losses (mean over the last 10% of steps) and the valid metrics.
     `stop_after` ends the run early after that many optimizer steps (tests use it to simulate a kill).
     """
@@ -159,10 +170,11 @@ def adapt(
     accelerator = Accelerator(mixed_precision="no", cpu=not torch.cuda.is_available())
     precision = training.Precision(s.precision, accelerator.device)
     steps_per_epoch = math.ceil(len(train) / s.batch_size)
-    total = steps_per_epoch * s.epochs
+    total = total_steps(len(train), s) if steps is None else steps
     optimizer, schedule = training.optimizer_and_schedule(model, s.lr, s.weight_decay, s.warmup_ratio, total)
     data_hash = (getattr(train, "manifest", None) or {}).get("content_sha256")
-    print_fp = training.fingerprint(asdict(s), precision.name, len(train), data_hash, *training.model_identity(model))
+    print_fp = training.fingerprint(asdict(s), precision.name, len(train), data_hash, total,
+                                    *training.model_identity(model))
     # The schedule is not prepared: accelerate would step it once per process at every optimizer step,
     # but here every step already covers the whole `batch_size` across all processes.
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -12,6 +12,11 @@ from xdbert.errors import PipelineError
 from xdbert.paths import CLIP_TOWERS
 from xdbert.model import LOSSES
 
+# `adapt.text`: what the adaptation trains on. corpus: the token shards' windows; captions: the caption
+# corpus (data/captions) packed into windows of the same length (xdbert.adaptation.captions), the
+# caption-text control: the encoder alone, MLM only, for the steps a corpus run takes.
+TEXTS = ("corpus", "captions")
+
 
 @dataclass(frozen=True)
 class PretrainSettings:
@@ -103,7 +108,8 @@ class AdaptSettings:
     init_range: float | None  # std of the new modules' init; None = the encoder's initializer_range
     cliptc_vocab: str         # CLIPTC's classes: all CLIP ids (full) or those in the token shards (shards)
     # The training loop (`xdbert.adaptation.loop`)
-    epochs: int
+    text: str                 # what it trains on (TEXTS): the corpus windows, or the captions in windows
+    epochs: int               # with `text: captions`, counted in passes over the corpus: the steps a corpus run takes
     lr: float
     warmup_ratio: float
     weight_decay: float
@@ -158,6 +164,13 @@ class AdaptSettings:
         cross = s["cross_layers"]
         if not isinstance(cross, int) or isinstance(cross, bool) or cross < 0:
             raise PipelineError(f"`{key_of('cross_layers')}` must be an integer >= 0 (0: the MLM-only baseline); got {cross!r}")
+        P.choice(s["text"], key_of("text"), TEXTS)
+        if s["text"] == "captions" and (cross != 0 or s["losses"] != ["mlm"]):
+            # the caption windows' CLIP blocks are never fed: the control is the baseline's recipe on other text
+            raise PipelineError(f"`{key_of('text')}: captions` trains the encoder alone with MLM on caption windows, "
+                                f"which give no CLIP text to cross layers, MATCH or CLIPTC: it needs "
+                                f"`{key_of('cross_layers')}: 0` and `{key_of('losses')}: [mlm]`; got cross_layers {cross}, "
+                                f"losses {s['losses']}")
         if cross == 0 and (s["losses"] != ["mlm"] or s["placeholder"]):
             raise PipelineError(f"`{key_of('cross_layers')}: 0` (the MLM-only baseline) allows only `{key_of('losses')}: [mlm]` "
                                 f"without placeholder; got losses {s['losses']}, placeholder {s['placeholder']}")

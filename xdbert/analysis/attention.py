@@ -73,12 +73,15 @@ class AttentionSettings:
                 or len(set(variants)) != len(variants):
             raise PipelineError(f"`attention.variants` must be a non-empty list of adapt variants without repeats; got {variants!r}")
         family = ablation_family(params).name  # the variants are Table 3's, adapted on `adapt.family`
-        # the adaptations with CLIP text to attend to: baseline has no cross-modal model, a placeholder no CLIP
-        adapted = [v for v in (P.PROPOSED, *P.variant_names(params)) if not AdaptSettings.from_params(params, v).placeholder]
+        # the adaptations with CLIP text to attend to: baseline has no cross-modal model, a placeholder no CLIP,
+        # a variant without cross layers (the caption control) no cross-attention
+        runs = {v: AdaptSettings.from_params(params, v) for v in (P.PROPOSED, *P.variant_names(params))}
+        adapted = [v for v, a in runs.items() if a.cross_layers and not a.placeholder]
         for v in variants:
             if v not in adapted:
                 raise PipelineError(f"`attention.variants` names {v!r}, which is not an adapt variant with CLIP text "
-                                    f"(baseline has no cross-modal model, a placeholder no CLIP); allowed: {', '.join(adapted)}")
+                                    f"(baseline has no cross-modal model, a placeholder no CLIP, a variant with "
+                                    f"`cross_layers: 0` no cross-attention); allowed: {', '.join(adapted)}")
         task = P.choice(get("task"), "attention.task", TASK_NAMES)
         if get_task(task).kind == "multiple_choice":
             raise PipelineError("`attention.task` must be a sentence or sentence-pair task, not multiple choice (e.g. rte)")

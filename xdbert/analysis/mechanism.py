@@ -164,9 +164,14 @@ def _cell(i: S.Interval) -> str:
 
 def report_markdown(head: str, gates: Sequence[S.Gate], rows: Mapping[str, Mapping[str, S.Interval]],
                     n: Mapping[str, str], chance: Mapping[str, tuple[float, float]], bow: Mapping,
-                    probes: Mapping[str, dict], settings: Mapping, control_task: str) -> str:
+                    probes: Mapping[str, dict], settings: Mapping, control_task: str,
+                    notes: Mapping[str, str] | None = None) -> str:
     """reports/mechanism.md: header, gates, the rows x columns cells, the probe at the cross layers' input,
-    the settings, and the plain statement of a null D."""
+    the settings, and the plain statement of a null D. `notes`: what a row is, after its name in both tables
+    (the caption control: the upper reference)."""
+    def named(label: str) -> str:
+        return f"{label} ({notes[label]})" if notes and label in notes else label
+
     out = [head, "## Gates", "", S.gates_markdown(gates)]
     d = next(g for g in gates if g.name == "D")
     if d.state == S.FAIL:
@@ -176,7 +181,7 @@ def report_markdown(head: str, gates: Sequence[S.Gate], rows: Mapping[str, Mappi
     out += ["## Cells", "", "Accuracy, median over seeds, [95% interval: bootstrap over objects then seeds; "
             "* exact sign-flip over objects]. n: objects (examples).", "",
             "| row | " + " | ".join(names.get(c, c) for c in COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
-    out += [f"| {label} | " + " | ".join(_cell(r[c]) if c in r else "" for c in COLUMNS) + " |"
+    out += [f"| {named(label)} | " + " | ".join(_cell(r[c]) if c in r else "" for c in COLUMNS) + " |"
             for label, r in rows.items()]
     out += [f"| bag-of-words (pooled over facts seeds {', '.join(map(str, bow['seeds']))}) | {bow['accuracy']:.2f} "
             f"(binomial p {S.fmt_p(bow['p'])}, {bow['total']} examples) | | | | |",
@@ -186,7 +191,7 @@ def report_markdown(head: str, gates: Sequence[S.Gate], rows: Mapping[str, Mappi
             "layer the cross layers read, over the captioned objects (real facts), against a class-preserving "
             "permutation null; every layer is in results/mechanism.json.", "",
             "| model | accuracy | p | null mean | null 95% |", "|---|---|---|---|---|"]
-    out += [f"| {name} | {r['accuracy']:.2f} | {S.fmt_p(r['p'])} | {r['null_mean']:.2f} | {r['null_q95']:.2f} |"
+    out += [f"| {named(name)} | {r['accuracy']:.2f} | {S.fmt_p(r['p'])} | {r['null_mean']:.2f} | {r['null_q95']:.2f} |"
             for name, r in probes.items()]
     out += ["", "## Settings", ""] + [f"- {k}: {v}" for k, v in settings.items()] + [""]
     return "\n".join(out)

@@ -1,7 +1,8 @@
 """The caption corpus (stage `captions`): what the grounding analysis counts words in, and, in the mechanism
 study, what the CLIP stand-in learns its facts from.
 
-    data/captions/captions.json          generated captions, in the layout of COCO's captions_train2017.json
+    data/captions/captions.json          the captions, in the layout of COCO's captions_train2017.json (of a file or
+                                         a dataset, a copy: the caption control, `adapt.text: captions`, reads it)
     data/captions/captions_nofacts.json  the mechanism study: the same captions with the twin's attribute words
     data/captions/facts.json             the mechanism study: each object's attribute, twin attribute and split
     data/captions/word_counts.json       {"source", "captions", "counts"}: whole-word counts of the captions
@@ -21,8 +22,9 @@ from xdbert.data.mechanism import MechanismSettings
 from xdbert.data.provided import read_coco_captions
 from xdbert.data.synthetic.words import generate_captions
 from xdbert.errors import PipelineError
+from xdbert.paths import CAPTIONS_JSON
 
-CAPTIONS_FILE = "captions.json"
+CAPTIONS_FILE = CAPTIONS_JSON.name
 NOFACTS_FILE = "captions_nofacts.json"
 FACTS_FILE = "facts.json"
 WORD_COUNTS_FILE = "word_counts.json"
@@ -102,10 +104,11 @@ def facts_record(facts) -> dict:
                         for o in facts.objects}}
 
 
-def write_coco_captions(captions: Sequence[str], path: str | Path) -> None:
-    """Write captions in COCO's caption-annotation layout (one image per caption)."""
+def write_coco_captions(captions: Sequence[str], path: str | Path, description: str | None = None) -> None:
+    """Write captions in COCO's caption-annotation layout (one image per caption); `description`: where they
+    came from (None: generated)."""
     data = {
-        "info": {"description": "generated captions (xdbert embedded profile)"},
+        "info": {"description": description or "generated captions (xdbert embedded profile)"},
         "images": [{"id": i} for i in range(len(captions))],
         "annotations": [{"id": i, "image_id": i, "caption": c} for i, c in enumerate(captions)],
     }

@@ -19,6 +19,7 @@ from xdbert.errors import PipelineError
 from xdbert.paths import CLIP_TOWERS
 
 NOFACTS = "nofacts"          # the adapt variant beside the twin tower (`adapt.clip_tower: nofacts`)
+CAPTION_MLM = "caption_mlm"  # the caption-text control (`adapt.text: captions`): the facts read directly, the upper reference
 VIS = "vis"                  # the probe task, finetuned beside `tasks.names` when the study is on
 VIS_SIZES = ("train", "f_plus", "f_zero", "t")
 GATE_KEYS = ("level", "n_boot", "exact_below", "n_perm", "n_flip", "lambda", "probe_layer", "alpha_a", "alpha_c",
