@@ -129,6 +129,20 @@ def test_a_runs_gpu_memory_grows_with_the_largest_model_of_the_grid(tmp_path):
     assert engine.run_gib([]) == pytest.approx(2.5)
 
 
+def test_a_runs_cost_leaves_out_its_token_embedding_tables(tmp_path):
+    """A run reads a few rows of a token-embedding table per token: the table counts for memory, not for the
+    compute the grid's order and progress weigh. A full model holds both towers' tables under prefixes."""
+    from safetensors.numpy import save_file
+
+    (tmp_path / "full").mkdir()
+    save_file({"clip.token_embedding.weight": np.zeros((100, 4), np.float32),
+               "encoder.embeddings.word_embeddings.weight": np.zeros((50, 4), np.float32),
+               "encoder.embeddings.position_embeddings.weight": np.zeros((8, 4), np.float32),
+               "cross.0.weight": np.zeros((4, 3), np.float32)}, str(tmp_path / "full" / "model.safetensors"))
+    assert job_module.compute_parameters(tmp_path / "full") == 8 * 4 + 4 * 3
+    assert job_module.model_parameters(tmp_path / "full") >= (100 + 50 + 8) * 4 + 12
+
+
 def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir, local_ray):
     # Runs of several jobs share one pool and finish in any order; each job must get its own seeds back.
     sst2 = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(get_task("sst2"), epochs=1))

@@ -97,6 +97,11 @@ def test_runs_of_a_task_follow_the_tables():
         Study.from_params({"finetune": {**f, "ablations": ["mlm_mach"]}, "families": TWO_FAMILIES, "adapt": adapt})
     with pytest.raises(PipelineError, match=r"`adapt.family` names 'roberta', which is not a family; allowed: bert, electra"):
         Study.from_params({"finetune": f, "families": TWO_FAMILIES, "adapt": {**adapt, "family": "roberta"}})
+    # a run listed twice would be trained twice and counted twice in its median
+    with pytest.raises(PipelineError, match=r"`finetune.ablation_tasks` lists a name twice: \['rte', 'rte'\]"):
+        Study.from_params({"finetune": {**f, "ablation_tasks": ["rte", "rte"]}, "families": TWO_FAMILIES, "adapt": adapt})
+    with pytest.raises(PipelineError, match=r"`finetune.clip_tasks` must be a list of names; got 'rte'"):
+        Study.from_params({"finetune": {**f, "clip_tasks": "rte"}, "families": TWO_FAMILIES, "adapt": adapt})
 
 
 def test_a_family_gives_its_size_class_and_layer_decay(bert_dir):

@@ -203,6 +203,14 @@ BASELINE = "baseline"   # the MLM-only adaptation of every family (`adapt.baseli
 PROPOSED = "xdbert"     # the proposed adaptation of every family: the `adapt` defaults as they are
 
 
+def names(value: Any, key: str, what: str = "names") -> list[str]:
+    """A list of distinct plain names (NAME: a model, a task, a tower), checked; `what` says which kind."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and NAME.fullmatch(v) for v in value):
+        raise PipelineError(f"`{key}` must be a list of {what}; got {value!r}")
+    if len(set(value)) != len(value):
+        raise PipelineError(f"`{key}` lists a name twice: {value}")
+    return value
+
 def variant_names(params: dict) -> list[str]:
     """The names of `adapt.variants` (the ablations), checked. A name is a stage (`ablate@<name>`) and a
     folder (models/adapted/<family>/<name>), so a plain word, and never `baseline` or `xdbert`, the

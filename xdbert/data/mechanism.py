@@ -87,7 +87,9 @@ class MechanismSettings:
         vis = get("vis")
         if not isinstance(vis, dict) or sorted(vis) != sorted(VIS_SIZES):
             raise PipelineError(f"`mechanism.vis` must map {', '.join(VIS_SIZES)} to sizes; got {vis!r}")
-        names = {k: _names(get(k), f"mechanism.{k}") for k in ("models", "full_models")}
+        # checked against the adapt variants where the finetuning plan is built
+        names = {k: tuple(P.names(get(k), f"mechanism.{k}", "adapt variant names (or baseline)"))
+                 for k in ("models", "full_models")}
         clip_towers = P.subset(get("clip_towers"), "mechanism.clip_towers", CLIP_TOWERS)
         if len(set(clip_towers)) != len(clip_towers):  # one CLIP-T row per tower
             raise PipelineError(f"`mechanism.clip_towers` lists a tower twice: {clip_towers}")
@@ -137,15 +139,6 @@ class MechanismSettings:
                               self.n_train, self.n_dev_captioned, self.n_dev_uncaptioned)
         except ValueError as e:
             raise PipelineError(f"`mechanism`: {e}") from e
-
-
-def _names(value, key: str) -> tuple[str, ...]:
-    """A list of model names (checked against the adapt variants where the finetuning plan is built)."""
-    if not isinstance(value, list) or not all(isinstance(v, str) and P.NAME.fullmatch(v) for v in value):
-        raise PipelineError(f"`{key}` must be a list of adapt variant names (or baseline); got {value!r}")
-    if len(set(value)) != len(value):
-        raise PipelineError(f"`{key}` lists a model twice: {value}")
-    return tuple(value)
 
 
 def _replication(value) -> str:

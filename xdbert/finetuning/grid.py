@@ -24,7 +24,7 @@ import torch
 from xdbert import training
 from xdbert.errors import PipelineError
 from xdbert.finetuning import cores
-from xdbert.finetuning.job import Job, model_parameters
+from xdbert.finetuning.job import Job, compute_parameters
 from xdbert.finetuning.progress import TICK_S, Progress
 from xdbert.finetuning.stacked import Group, train_group
 from xdbert.numerics import FINETUNING_THREADS
@@ -102,12 +102,13 @@ def run_seeds(job: Job, seeds: list[int]) -> list[dict]:
 
 
 def cost(job: Job, group: Group) -> float:
-    """A run's expected cost, in proportion to its training FLOPs: the model's parameters times the tokens
-    it trains on (BERT tokens and CLIP ids, every epoch), for each seed of the group. The grid orders its
-    runs by it, longest first, and weighs its progress with it (xdbert.finetuning.progress)."""
+    """A run's expected cost, in proportion to its training FLOPs: the model's parameters less its token
+    embeddings (`compute_parameters`) times the tokens it trains on (BERT tokens and CLIP ids, every epoch),
+    for each seed of the group. The grid orders its runs by it, longest first, and weighs its progress with
+    it (xdbert.finetuning.progress)."""
     train = job.data["train"]
     tokens = sum(int(r.offsets[-1]) for r in train.inputs.values()) + (0 if train.clip_ids is None else train.clip_ids.size)
-    return float(model_parameters(job.model_path)) * tokens * job.hyperparameters.epochs * len(group)
+    return float(compute_parameters(job.model_path)) * tokens * job.hyperparameters.epochs * len(group)
 
 
 def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto",

@@ -119,13 +119,6 @@ class Run(NamedTuple):
         return MODEL_FOLDERS[self.model_kind].folder(self.family, self.model)
 
 
-def _names(section: dict, key: str) -> list[str]:
-    value = params.get(section, key, "finetune")
-    if not isinstance(value, list) or any(not isinstance(v, str) for v in value):
-        raise PipelineError(f"`finetune.{key}` must be a list of names; got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class Study:
     """The models the study finetunes: the run lists of the `finetune` section, for every family."""
@@ -149,7 +142,7 @@ class Study:
         models are adapted by every family, so they can only be its own two (`baseline`, `xdbert`).
         `mechanism`: `MechanismSettings.from_params(p)`, whose rows join the study where it is enabled."""
         f = params.section(p, "finetune")
-        lists = {key: _names(f, key) for key in ("models", "ablations", "ablation_tasks", "full_models", "clip_tasks")}
+        lists = {key: params.names(params.get(f, key, "finetune"), f"finetune.{key}") for key in ("models", "ablations", "ablation_tasks", "full_models", "clip_tasks")}
         for key, allowed in (("models", (params.BASELINE, params.PROPOSED)), ("full_models", (params.PROPOSED,))):
             for name in lists[key]:
                 if name not in allowed:
