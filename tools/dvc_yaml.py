@@ -158,7 +158,7 @@ STAGES: dict[str, Stage] = {
                 "grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it",
                 **PROVIDED_PROBES}),
     "tasks": Stage(
-        "stages/tasks.py", deps=("inputs",), outs=("data/tasks",),
+        "stages/tasks.py", deps=("inputs/commonlit",), outs=("data/tasks",),
         unused={"grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it",
                 **PROVIDED_PROBES}),
     "dual_tokenize": Stage(
@@ -166,7 +166,7 @@ STAGES: dict[str, Stage] = {
         unused={"model.encoder_config.*": "a random encoder's config keys are only checked; its max_position_embeddings "
                                           "bounds tokenize.max_len"}),
     "captions": Stage(
-        "stages/captions.py", deps=("models/tokenizer", "inputs"), outs=("data/captions",),
+        "stages/captions.py", deps=("models/tokenizer", "inputs/coco"), outs=("data/captions",),
         unused={**reasons("mechanism", ("caption_share", "vis", "models", "full_models", "clip_towers", "control_task",
                                         "sentences", "bow_seeds", "replication", "gates"), MECHANISM_CHECKED),
                 "tasks.names": "only checked: the mechanism's control task is one of them"}),
