@@ -147,8 +147,9 @@ ADAPT_DEPS = ("data/shards", "models/tokenizer")
 MECHANISM_CHECKED = "the mechanism section is checked whole (xdbert.data.mechanism); this stage does not use the key"
 CLIP_TOWERS = ("models/pretrain_clip", "models/pretrain_clip_nofacts")  # `adapt.clip_tower` may name either
 
-PROVIDED_PROBES = reasons("probes", ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference"), "only to check "
-                         "that ViComTe's hand-provided files are there (xdbert.data.provided); the probes read them")
+PROVIDED_PROBES = reasons("probes", ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference", "cv_folds", "n_boot"),
+                          "only to check that ViComTe's hand-provided files are there (xdbert.data.provided); the "
+                          "probes stage reads them")
 
 STAGES: dict[str, Stage] = {
     "corpus": Stage(
@@ -233,6 +234,14 @@ STAGES: dict[str, Stage] = {
                 "families.${adapt.family}": "only checked; its name (adapt.family) names the models",
                 "adapt.variants": "only checked: which variants have CLIP text (not placeholder) to attend to",
                 **reasons("adapt", [f.name for f in fields(AdaptSettings)], "only checked, with the variants")}),
+    "probes": Stage(
+        "stages/probes.py",
+        deps=("models/adapted  # every Table 1 and Table 3 encoder, and the caption-text control",
+              "models/crossmodal/${adapt.family}  # the caption control's MLM head",
+              "models/pretrain_clip", "models/tokenizer", "inputs/vicomte  # ViComTe's files: this stage's alone"),
+        outs=("reports/probes.md",), metrics=("results/probes.json",),
+        unused={"families.*": "only the names: each family's baseline and XDBERT are rows",
+                "families.${adapt.family}": "only checked; its name (adapt.family) names Table 3's rows"}),
 }
 
 
