@@ -283,7 +283,8 @@ def differences(models: Sequence[dict], per_subject: Mapping[str, Mapping[str, "
 def probe(rows: Sequence[Row], load: Callable[[Row], Loaded], relations: Mapping, coda: Mapping, *, cv_folds: int,
           n_boot: int, jobs: int, say: Callable[[str], None] = lambda line: None) -> dict:
     """The results dict of xdbert.reports.probes (its docstring) for `rows`, each loaded by `load` one at a
-    time; `relations` ViComTe's (xdbert.data.vicomte.load_relation), `coda` CoDa's splits (xdbert.data.coda)."""
+    time; `relations` ViComTe's (xdbert.data.vicomte.load_relation), `coda` CoDa's splits (xdbert.data.coda).
+    A row's features are probed as soon as they are computed and then dropped: one row's in memory at a time."""
     import numpy as np
 
     from xdbert.analysis import vicomte_probe as V
@@ -291,50 +292,49 @@ def probe(rows: Sequence[Row], load: Callable[[Row], Loaded], relations: Mapping
 
     models = [r.entry() for r in rows]
     coda_objects = coda_test_objects(coda)
-    outputs = {}
-    for r in rows:  # one row's models in memory at a time
-        outputs[r.name] = row_outputs(load(r), relations, coda_objects)
-        say(f"probes: {r.name}: features" + (", cloze" if outputs[r.name]["cloze"] else ""))
-
-    vicomte = {}
+    vicomte, per_subject, splits = {}, {}, {}
     for name, rel in relations.items():
         index = {sub: i for i, sub in enumerate(subjects_of(rel))}
-        groupings = {}
+        vicomte[name] = {"templates": list(rel.templates), "groupings": {}}
         for group in rel.splits:
-            train_i, train_y, train_dist = split_arrays(rel, group, "train", index)
-            test_i, test_y, test_dist = split_arrays(rel, group, "test", index)
+            train, test = split_arrays(rel, group, "train", index), split_arrays(rel, group, "test", index)
+            splits[name, group] = train, test
+            (_, train_y, _), (_, test_y, test_dist) = train, test
             majority, share = V.majority_class(test_y)
             counts = np.bincount(train_y, minlength=len(rel.classes)).astype(np.float64)
-            g = {"n_test": len(test_y), "linear": {}, "zero_shot": {},
-                 "majority": {"class": rel.classes[majority], "accuracy": share,
-                              "prior_spearman": V.finite_mean(V.prior_spearman(train_y, test_y, test_dist)),
-                              "prior_spearman_all": V.finite_mean(V.spearman_rows(test_dist, np.tile(counts, (len(test_y), 1))))}}
-            per_subject = {c: {} for c in R.VICOMTE_COLUMNS}
-            for r in rows:
-                feats = outputs[r.name]["features"][name]
-                lp = V.linear_probe([f[train_i] for f in feats], train_y, train_dist, [f[test_i] for f in feats], test_y,
-                                    test_dist, n_folds=cv_folds, seed=V.PROBE_SEED, n_jobs=jobs)
-                g["linear"][r.name] = R.linear_entry(lp)
-                for choice in V.CHOICES:
-                    for metric in V.METRICS:
-                        per_subject[f"linear.{choice}.{metric}"][r.name] = lp.per_subject(choice, metric)
-                if name in outputs[r.name]["cloze"]:
-                    scores = V.zero_shot(outputs[r.name]["cloze"][name][test_i], test_y, test_dist)
-                    g["zero_shot"][r.name] = R.scores_entry(scores)
-                    per_subject["zero_shot.accuracy"][r.name] = scores.correct
-                    per_subject["zero_shot.spearman"][r.name] = scores.spearman
-                say(f"probes: {r.name}: {name}, {group}")
-            g["differences"] = differences(models, per_subject, n_boot)
-            groupings[group] = g
-        vicomte[name] = {"templates": list(rel.templates), "groupings": groupings}
-
+            vicomte[name]["groupings"][group] = {
+                "n_test": len(test_y), "linear": {}, "zero_shot": {},
+                "majority": {"class": rel.classes[majority], "accuracy": share,
+                             "prior_spearman": V.finite_mean(V.prior_spearman(train_y, test_y, test_dist)),
+                             "prior_spearman_all": V.finite_mean(V.spearman_rows(test_dist, np.tile(counts, (len(test_y), 1))))}}
+            per_subject[name, group] = {c: {} for c in R.VICOMTE_COLUMNS}
+    merged, coda_scores = {}, {}
+    for r in rows:
+        out = row_outputs(load(r), relations, coda_objects)
+        for (name, group), ((train_i, train_y, train_dist), (test_i, test_y, test_dist)) in splits.items():
+            g, values = vicomte[name]["groupings"][group], per_subject[name, group]
+            feats = out["features"][name]
+            lp = V.linear_probe([f[train_i] for f in feats], train_y, train_dist, [f[test_i] for f in feats], test_y,
+                                test_dist, n_folds=cv_folds, seed=V.PROBE_SEED, n_jobs=jobs)
+            g["linear"][r.name] = R.linear_entry(lp)
+            for choice in V.CHOICES:
+                for metric in V.METRICS:
+                    values[f"linear.{choice}.{metric}"][r.name] = lp.per_subject(choice, metric)
+            if name in out["cloze"]:
+                scores = V.zero_shot(out["cloze"][name][test_i], test_y, test_dist)
+                g["zero_shot"][r.name] = R.scores_entry(scores)
+                values["zero_shot.accuracy"][r.name], values["zero_shot.spearman"][r.name] = scores.correct, scores.spearman
+        if out["merged"]:
+            merged[r.name] = out["merged"]
+        if out["coda"] is not None:
+            coda_scores[r.name] = out["coda"]
+        say(f"probes: {r.name}: linear probe" + (", cloze and CoDa" if out["cloze"] else ""))
+    for (name, group), values in per_subject.items():
+        vicomte[name]["groupings"][group]["differences"] = differences(models, values, n_boot)
     results = {"bootstrap": {"n_boot": n_boot, "level": LEVEL}, "cv_folds": cv_folds, "models": models,
-               "vicomte": vicomte,
-               "merged_classes": {r.name: outputs[r.name]["merged"] for r in rows if outputs[r.name]["merged"]}}
-    cloze_rows = [r for r in rows if outputs[r.name]["coda"] is not None]
-    if cloze_rows:
-        results["coda"] = coda_results(coda, coda_objects, {r.name: outputs[r.name]["coda"] for r in cloze_rows},
-                                       models, n_boot)
+               "vicomte": vicomte, "merged_classes": merged}
+    if coda_scores:
+        results["coda"] = coda_results(coda, coda_objects, coda_scores, models, n_boot)
     return results
 
 
