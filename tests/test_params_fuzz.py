@@ -409,6 +409,8 @@ SCHEMA: dict[str, Spec] = {
     "aggregate.n_boot": pos_int(), "aggregate.seed": non_negative(),
     "hub.revisions": spec(st.dictionaries(NAME, WORD, max_size=2), wrong("dict"),
                           st.dictionaries(NAME, EMPTY, min_size=1, max_size=1)),
+    "probes.cv_folds": spec(st.integers(2, 20), wrong("int"), st.one_of(st.just(1), NOT_POSITIVE_INT)),
+    "probes.n_boot": pos_int(),
     "probes.enabled": FLAG, "probes.vicomte_dir": HUB_NAME, "probes.coda_hub_id": HUB_NAME, "probes.reference": HUB_NAME,
     "probes.relations": names(lambda p: list(RELATIONS), min_size=1,
                               bad=st.one_of(st.just([]), st.just(["color", "color"]), st.lists(UNKNOWN, min_size=1, max_size=2))),

@@ -72,7 +72,7 @@ def results():
     vicomte = {rel: {"templates": [f"[X] can be of {rel} [Y] .", f"[X] has {rel} [Y] .", "[Y] [X] ."],
                      "groupings": {g: grouping(rng, rel, g) for g in ("all", "single")}}
                for rel in ("color", "shape", "material")}
-    return {"profile": "paper", "bootstrap": {"n_boot": BOOT["n_boot"], "level": BOOT["level"]}, "models": MODELS,
+    return {"profile": "paper", "bootstrap": {"n_boot": BOOT["n_boot"], "level": BOOT["level"]}, "cv_folds": 5, "models": MODELS,
             "vicomte": vicomte, "coda": coda(rng),
             "merged_classes": {"bert-base-cased": {"color": []}, "BERT-b": {"color": [], "material": [["cotton", "denim"]]}}}
 

@@ -148,7 +148,7 @@ def test_the_untouched_paper_profile_runs_end_to_end_offline(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert f"reports in {out / 'reports'} (random weights on a few examples" in done.stdout
     for report in ("table1.md", "table2.md", "table3.md", "table6.md", "table8.md", "figure4.md", "figure4.png",
-                   "attention.md"):
+                   "attention.md", "probes.md"):
         assert str(out / "reports" / report) in done.stdout
     table1 = (out / "reports/table1.md").read_text()
     rows = [line.split(" | ")[0][2:] for line in table1.splitlines() if line.startswith("| ")]
@@ -165,5 +165,8 @@ def test_the_untouched_paper_profile_runs_end_to_end_offline(tmp_path):
     assert "BERT-b" in table2 and "ELECTRA-b" in table2
     assert "wiki (14G)" in (out / "reports/table3.md").read_text()
     assert list((out / "reports/attention").glob("*.png"))
+    probes = (out / "reports/probes.md").read_text()  # every encoder a row of the linear probe, the reference's cloze
+    rows = [f"{f}/{v}" for f in ("bert-b", "electra-b", "electra-l") for v in ("baseline", "xdbert")]
+    assert all(f"| {row} |" in probes for row in [*rows, "bert-b/placeholder", "clip_t", "bert-base-cased"])
     status = subprocess.run(["dvc", "status"], cwd=out, capture_output=True, text=True, env=rehearse.offline_env(out))
     assert "up to date" in status.stdout, status.stdout  # every stage ran and is recorded in dvc.lock

@@ -151,8 +151,9 @@ CLIP_TOWERS = ("models/pretrain_clip", "models/pretrain_clip_nofacts")  # `adapt
 # study on, every ablation reads them anyway, through the CLIP towers trained on them.
 CAPTION_TEXT = "data/captions  # whole: captions.json, for a variant with `adapt.text: captions`"
 
-PROVIDED_PROBES = reasons("probes", ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference"), "only to check "
-                         "that ViComTe's hand-provided files are there (xdbert.data.provided); the probes read them")
+PROVIDED_PROBES = reasons("probes", ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference", "cv_folds", "n_boot"),
+                          "only to check that ViComTe's hand-provided files are there (xdbert.data.provided); the "
+                          "probes stage reads them")
 
 STAGES: dict[str, Stage] = {
     "corpus": Stage(
@@ -162,7 +163,7 @@ STAGES: dict[str, Stage] = {
                 "grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it",
                 **PROVIDED_PROBES}),
     "tasks": Stage(
-        "stages/tasks.py", deps=("inputs",), outs=("data/tasks",),
+        "stages/tasks.py", deps=("inputs/commonlit",), outs=("data/tasks",),
         unused={"grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it",
                 **PROVIDED_PROBES}),
     "dual_tokenize": Stage(
@@ -170,7 +171,7 @@ STAGES: dict[str, Stage] = {
         unused={"model.encoder_config.*": "a random encoder's config keys are only checked; its max_position_embeddings "
                                           "bounds tokenize.max_len"}),
     "captions": Stage(
-        "stages/captions.py", deps=("models/tokenizer", "inputs"), outs=("data/captions",),
+        "stages/captions.py", deps=("models/tokenizer", "inputs/coco"), outs=("data/captions",),
         unused={**reasons("mechanism", ("caption_share", "vis", "models", "full_models", "clip_towers", "control_task",
                                         "sentences", "bow_seeds", "replication", "gates"), MECHANISM_CHECKED),
                 "tasks.names": "only checked: the mechanism's control task is one of them"}),
@@ -237,6 +238,14 @@ STAGES: dict[str, Stage] = {
                 "families.${adapt.family}": "only checked; its name (adapt.family) names the models",
                 "adapt.variants": "only checked: which variants have CLIP text (not placeholder) to attend to",
                 **reasons("adapt", [f.name for f in fields(AdaptSettings)], "only checked, with the variants")}),
+    "probes": Stage(
+        "stages/probes.py",
+        deps=("models/adapted  # every Table 1 and Table 3 encoder, and the caption-text control",
+              "models/crossmodal/${adapt.family}  # the caption control's MLM head",
+              "models/pretrain_clip", "models/tokenizer", "inputs/vicomte  # ViComTe's files: this stage's alone"),
+        outs=("reports/probes.md",), metrics=("results/probes.json",),
+        unused={"families.*": "only the names: each family's baseline and XDBERT are rows",
+                "families.${adapt.family}": "only checked; its name (adapt.family) names Table 3's rows"}),
 }
 
 

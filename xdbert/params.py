@@ -46,7 +46,7 @@ KEYS = {
                  "max_len", "weight_decay", "length_group", "clip_blocks_per_sentence", "dropout",
                  "precision", "compile", "cuda_graph", "stack"),
     "aggregate": ("n_boot", "seed"),
-    "probes": ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference"),
+    "probes": ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference", "cv_folds", "n_boot"),
 }
 
 # What `adapt.precision` and `finetune.precision` may say (xdbert.training.mixed_precision).

@@ -52,6 +52,8 @@ FIGURE4 = Path("reports/figure4.png")     # beside report("figure4")
 # stage `mechanism`
 MECHANISM_METRICS = Path("results/mechanism.json")   # beside report("mechanism")
 VIS_KINDS = "dev_kinds.parquet"           # data/tasks/vis/<this> (stage `tasks`): each dev example's kind and object
+# stage `probes`
+PROBES_METRICS = Path("results/probes.json")   # beside report("probes")
 # stage `attention`
 ATTENTION = Path("reports/attention")
 ATTENTION_METRICS = Path("results/attention.json")

@@ -45,6 +45,7 @@ OVERRIDES: dict[str, Any] = {
     "finetune.batch_size": 8,
     "finetune.eval_batch_size": 8,
     "aggregate.n_boot": 20,             # bootstrap resamples
+    "probes.n_boot": 20,                # the probes' paired bootstrap resamples
 }
 NOTE = "rehearsal: a count `xdbert rehearse` changes"
 CACHE = Path(".hf")  # DIR's HF_HOME; its hub cache is CACHE/hub

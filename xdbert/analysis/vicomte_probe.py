@@ -167,11 +167,11 @@ class Scores:
 
     @property
     def accuracy(self) -> float:
-        return _nanmean(self.correct)
+        return finite_mean(self.correct)
 
     @property
     def mean_spearman(self) -> float:
-        return _nanmean(self.spearman)
+        return finite_mean(self.spearman)
 
     @property
     def n(self) -> int:
@@ -188,7 +188,8 @@ class Scores:
         return float(rho.std(ddof=1) / np.sqrt(len(rho))) if len(rho) > 1 else float("nan")
 
 
-def _nanmean(x: np.ndarray) -> float:
+def finite_mean(x: np.ndarray) -> float:
+    """The mean of the finite values of `x`; NaN where it has none (a column no subject has a figure in)."""
     x = np.asarray(x, dtype=np.float64)
     return float(x[np.isfinite(x)].mean()) if np.isfinite(x).any() else float("nan")
 
@@ -286,20 +287,27 @@ def cross_validate(train_x: np.ndarray, train_y: np.ndarray, train_dist: np.ndar
 
 def linear_probe(train_features: Sequence[np.ndarray], train_y: np.ndarray, train_dist: np.ndarray,
                  test_features: Sequence[np.ndarray], test_y: np.ndarray, test_dist: np.ndarray, *,
-                 n_folds: int, seed: int) -> LinearProbe:
+                 n_folds: int, seed: int, n_jobs: int = 1) -> LinearProbe:
     """ViComTe's linear probe of one row over all templates: `train_features[t]` (n_train, d) and
     `test_features[t]` (n_test, d) are the row's features of template t's texts (`probe_texts`), the
-    classes (n,) index the class list, the distributions (n, classes) are the subjects' counts."""
+    classes (n,) index the class list, the distributions (n, classes) are the subjects' counts.
+    The templates are fit in `n_jobs` processes (joblib); each fit is the same in any of them."""
+    from joblib import Parallel, delayed
+
     if len(train_features) != len(test_features) or not train_features:
         raise ValueError(f"train and test need features of the same templates, at least one; got "
                          f"{len(train_features)} and {len(test_features)}")
-    test, cv_accuracy, cv_spearman = [], [], []
-    for train_x, test_x in zip(train_features, test_features):
-        test.append(fit_and_score(train_x, train_y, test_x, test_y, test_dist))
-        cv = cross_validate(train_x, train_y, train_dist, n_folds, seed)
-        cv_accuracy.append(cv.accuracy)
-        cv_spearman.append(cv.mean_spearman)
-    return LinearProbe(test, np.array(cv_accuracy), np.array(cv_spearman))
+    done = Parallel(n_jobs=min(n_jobs, len(train_features)))(
+        delayed(_one_template)(train_x, train_y, train_dist, test_x, test_y, test_dist, n_folds, seed)
+        for train_x, test_x in zip(train_features, test_features))
+    test, cv = zip(*done)
+    return LinearProbe(list(test), np.array([c.accuracy for c in cv]), np.array([c.mean_spearman for c in cv]))
+
+
+def _one_template(train_x, train_y, train_dist, test_x, test_y, test_dist, n_folds: int, seed: int) -> tuple[Scores, Scores]:
+    """One template's probe: (its test scores, its cross-validated scores on train)."""
+    return (fit_and_score(train_x, train_y, test_x, test_y, test_dist),
+            cross_validate(train_x, train_y, train_dist, n_folds, seed))
 
 
 # ----------------------------------------------------------------------------------------------------

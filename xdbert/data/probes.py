@@ -24,6 +24,8 @@ class ProbesSettings:
     relations: tuple[str, ...]  # of ViComTe's color, shape and material
     coda_hub_id: str
     reference: str             # the reference row's encoder, a hub id
+    cv_folds: int              # the k of the cross-validation on train that chooses a template
+    n_boot: int                # bootstrap resamples of each paired difference
 
     @classmethod
     def from_params(cls, params: dict) -> "ProbesSettings":
@@ -35,4 +37,13 @@ class ProbesSettings:
                    vicomte_dir=Path(P.nonempty_str(get("vicomte_dir"), "probes.vicomte_dir")),
                    relations=tuple(relations),
                    coda_hub_id=P.nonempty_str(get("coda_hub_id"), "probes.coda_hub_id"),
-                   reference=P.nonempty_str(get("reference"), "probes.reference"))
+                   reference=P.nonempty_str(get("reference"), "probes.reference"),
+                   cv_folds=_folds(get("cv_folds")),
+                   n_boot=P.positive(get("n_boot"), "probes.n_boot"))
+
+
+def _folds(value) -> int:
+    folds = P.positive(value, "probes.cv_folds")
+    if folds < 2:
+        raise PipelineError(f"`probes.cv_folds` must be an integer >= 2 (folds of the cross-validation on train); got {value!r}")
+    return folds

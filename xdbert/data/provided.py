@@ -1,8 +1,9 @@
 """Files a user provides by hand, because no hub serves them: CommonLit's train.csv, COCO's captions and
 ViComTe's files (xdbert.data.vicomte).
 
-The paper profile expects them under inputs/, a folder dvc.yaml declares as a dependency of the stages
-that read them (`tasks`, `grounding`, and the probes' stage for inputs/vicomte), so replacing a file reruns those stages. The first stage of the
+The paper profile expects them under inputs/, in folders dvc.yaml declares as dependencies of the stages
+that read them (inputs/commonlit of `tasks`, inputs/coco of `captions`, inputs/vicomte of `probes`), so replacing a
+file reruns those stages. The first stage of the
 graph (`corpus`) and `xdbert fetch` check that each one is there and readable, so a missing or wrong file
 stops the run in a second, before any download or training, instead of hours in.
 """

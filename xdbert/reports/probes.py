@@ -12,6 +12,7 @@ The results dict (JSON):
     {
       "profile": "paper",
       "bootstrap": {"n_boot": 1000, "level": 0.95},
+      "cv_folds": 5,                         # the cross-validation on train that chooses a template
       "models": [{"name": "XDBERT-b", "role": "xd", "family": "bert-b"}, ...],
           role: "baseline" (a family's MLM-only encoder), "xd" (an adapted encoder: Table 1's and
           Table 3's), "caption_control" (the family's encoder after the baseline's MLM recipe on COCO
@@ -389,7 +390,7 @@ def render(results: Mapping) -> str:
            "state (CLIP-T: its text features) of the text with [X] filled, fit on train, scored on test; accuracy, "
            "and Spearman's ρ of the class probabilities against the subject's Visual Genome counts over the classes "
            "seen in training. **Oracle**: the best template on test, as the authors report (it reads the test "
-           "labels). **Chosen on train**: the best template in k-fold cross-validation on train. Cloze (MLM rows "
+           f"labels). **Chosen on train**: the best template in {results['cv_folds']}-fold cross-validation on train (`probes.cv_folds`). Cloze (MLM rows "
            "whose head was trained on the encoder's own output): top-1 correct where any template ranks the class "
            "first; ρ per subject under its best template. <sub>tK</sub>: the template a figure comes from.",
            "",

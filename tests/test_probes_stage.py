@@ -1,0 +1,141 @@
+"""Stage `probes` (stages/probes.py): its rows from the paper profile, and its core on tiny random encoders and the
+mirror's ViComTe and CoDa files, every row and column landing in the results and the report."""
+from __future__ import annotations
+
+import shutil
+from functools import partial
+
+import pytest
+import torch
+
+from conftest import load_stage
+from xdbert import mirror, profiles
+from xdbert.analysis.vicomte_probe import clip_text_features, mean_token_features
+from xdbert.data.coda import read_coda
+from xdbert.data.vicomte import RELATIONS, load_relation
+from xdbert.reports import probes as R
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+stage = load_stage("probes")
+CAPTION = stage.CAPTION_CONTROL
+
+
+def paper(with_control: bool) -> dict:
+    """The paper profile, whose variants end with the caption-text control (the baseline's MLM recipe on
+    captions, no cross layers), or without it."""
+    p = profiles.values("paper")
+    assert list(p["adapt"]["variants"])[-1] == CAPTION
+    if not with_control:
+        del p["adapt"]["variants"][CAPTION]
+    return p
+
+
+def test_the_rows_are_table_1_table_3_clip_the_reference_and_the_caption_control():
+    plan = stage.read(paper(with_control=True))
+    p = paper(with_control=False)
+    fam, variants = p["adapt"]["family"], list(p["adapt"]["variants"])
+    want = [name for f in p["families"] for name in (f"{f}/baseline", f"{f}/xdbert")]
+    want += [f"{fam}/{v}" for v in variants] + [f"{fam}/{CAPTION}", "clip_t", "bert-base-cased"]
+    assert [r.name for r in plan.rows] == want
+    roles = {r.name: r.role for r in plan.rows}
+    assert roles[f"{fam}/{CAPTION}"] == "caption_control" and roles["clip_t"] == "clip"
+    assert roles["bert-base-cased"] == "reference" and roles[f"{fam}/{variants[0]}"] == "xd"
+    # a cloze only where the head read the encoder's own output and was saved
+    assert {r.name for r in plan.rows if r.head} == {f"{fam}/{CAPTION}", "bert-base-cased"}
+    assert CAPTION not in {r.name.split("/")[-1] for r in stage.read(p).rows}
+    off = profiles.values("embedded")
+    assert stage.read(off).rows == [] and not stage.read(off).s.enabled
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("probes")
+    for relation in RELATIONS:
+        mirror.write_vicomte(folder / "vicomte", relation, seed=0)
+    mirror.write_coda(folder / "coda", mirror.dataset_layout("corypaik/coda"), seed=0)
+    return {r: load_relation(folder / "vicomte", r) for r in RELATIONS}, read_coda(folder / "coda", str(folder / "cache"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import BertTokenizer
+
+    folder = tmp_path_factory.mktemp("uncased")
+    shutil.copy(mirror.bert_vocab(), folder / "vocab.txt")
+    return BertTokenizer.from_pretrained(str(folder))
+
+
+def tiny_loader(tok):
+    """Each row's models, tiny and random: BERTs, an MLM-only cross-modal model without cross layers, a CLIP tower."""
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    from xdbert.clip import clip_tokenizer, register_configs
+    from xdbert.model.clip_tower import CLIPTextTower
+    from xdbert.model.modeling import XDBertConfig, XDBertModel
+
+    small = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32,
+             "max_position_embeddings": 64}
+
+    def load(row):
+        torch.manual_seed(len(row.name))
+        if row.kind == "clip":
+            register_configs()
+            return stage.Loaded(partial(clip_text_features, CLIPTextTower.build("xdbert-tiny"), clip_tokenizer("xdbert-tiny"),
+                                        batch_size=8))
+        if row.kind == "hub":
+            mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), **small))
+            return stage.Loaded(partial(mean_token_features, mlm.base_model, tok, batch_size=8), mlm, tok)
+        if row.head:
+            full = XDBertModel.build(XDBertConfig(encoder="random:bert", vocab_size=len(tok), clip="xdbert-tiny",
+                                                  cross_layers=0, losses=["mlm"], encoder_config=small))
+            return stage.Loaded(partial(mean_token_features, full.encoder, tok, batch_size=8),
+                                stage.EncoderHead(full.encoder, full.mlm_head), tok)
+        return stage.Loaded(partial(mean_token_features, BertModel(BertConfig(vocab_size=len(tok), **small)), tok, batch_size=8))
+    return load
+
+
+ROWS = [stage.Row("f/baseline", "baseline", "f", "encoder", "-"), stage.Row("f/xdbert", "xd", "f", "encoder", "-"),
+        stage.Row("f/mlm", "xd", "f", "encoder", "-"), stage.Row(f"f/{CAPTION}", "caption_control", "f", "encoder", "-", "-"),
+        stage.Row("clip_t", "clip", None, "clip", "-"), stage.Row("bert-base-cased", "reference", None, "hub", "b", "hub")]
+CLOZE = {f"f/{CAPTION}", "bert-base-cased"}
+
+
+def test_every_row_and_column_lands_in_the_results_and_the_report(inputs, tokenizer):
+    relations, coda = inputs
+    results = stage.probe(ROWS, tiny_loader(tokenizer), relations, coda, cv_folds=2, n_boot=20, jobs=2)
+    results["profile"] = "paper"
+    names = [r.name for r in ROWS]
+    assert [m["name"] for m in results["models"]] == names
+    wanted = {(a, b) for a, b in R.comparisons(results["models"])}
+    assert wanted == {("f/xdbert", "f/baseline"), ("f/xdbert", f"f/{CAPTION}"), ("f/mlm", "f/baseline"),
+                      ("f/mlm", f"f/{CAPTION}")}
+    for relation in RELATIONS:
+        r = results["vicomte"][relation]
+        assert list(r["groupings"]) == ["all", "single"] and len(r["templates"]) == 3
+        for grouping, g in r["groupings"].items():
+            assert g["n_test"] == mirror.VICOMTE_ROWS[grouping]["test"]
+            assert list(g["linear"]) == names and set(g["zero_shot"]) == CLOZE
+            for entry in g["linear"].values():
+                assert all(0 <= entry[c]["accuracy"] <= 1 for c in ("oracle", "chosen"))
+            linear = {(d["a"], d["b"], d["column"]) for d in g["differences"]}
+            assert linear == {(a, b, c) for a, b in wanted for c in R.VICOMTE_COLUMNS if c.startswith("linear")}
+    assert set(results["coda"]["rows"]) == CLOZE and results["coda"]["n_objects"] == mirror.CODA_OBJECTS["test"]
+    assert set(results["merged_classes"]) == CLOZE
+    assert results["cv_folds"] == 2 and results["bootstrap"]["n_boot"] == 20
+    text = R.render(results)
+    for relation in RELATIONS:
+        for grouping in ("all groups", "single group"):
+            table = text.split(f"### {relation}, {grouping}")[1].split("###")[0]
+            assert all(f"| {name} |" in table for name in names), (relation, grouping)
+            assert "f/xdbert − f/baseline" in table and f"f/mlm − f/{CAPTION}" in table
+    assert "2-fold cross-validation" in text and "from 20 bootstrap resamples" in text
+
+
+def test_off_the_stage_writes_a_report_saying_so_and_reads_nothing(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)  # no model folder, no ViComTe file: none is read
+    (tmp_path / "params.yaml").write_text(profiles.render("embedded"), encoding="utf-8")
+    load_stage("probes").main()
+    assert json.loads((tmp_path / "results/probes.json").read_text()) == {"enabled": False, "profile": "embedded"}
+    assert "The probes are off (`probes.enabled: false`)" in (tmp_path / "reports/probes.md").read_text()
