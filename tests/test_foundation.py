@@ -161,8 +161,8 @@ def cli(*args, cwd):
 def test_profile_switch_keeps_the_users_changes(tmp_path):
     path = tmp_path / "params.yaml"
     assert cli("profile", "paper", cwd=tmp_path).returncode == 0
-    edited = path.read_text().replace("  epochs: 3\n", "  epochs: 4\n").replace("n_boot: 1000", "n_boot: 500")
-    path.write_text(edited)
+    head, aggregate = path.read_text().replace("  epochs: 3\n", "  epochs: 4\n").split("\naggregate:", 1)
+    path.write_text(head + "\naggregate:" + aggregate.replace("n_boot: 1000", "n_boot: 500", 1))  # not probes.n_boot
     r = cli("profile", "embedded", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "kept: finetune.epochs = 4" in r.stdout and "kept: aggregate.n_boot = 500" in r.stdout

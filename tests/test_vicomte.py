@@ -140,7 +140,7 @@ def test_a_missing_file_names_it_and_where_the_files_come_from(folder):
 
 def test_the_probes_are_on_in_the_paper_profile_only():
     assert ProbesSettings.from_params(values("paper")) == ProbesSettings(
-        True, Path("inputs/vicomte"), ("color", "shape", "material"), "corypaik/coda", "bert-base-cased")
+        True, Path("inputs/vicomte"), ("color", "shape", "material"), "corypaik/coda", "bert-base-cased", 5, 1000)
     for profile in ("embedded", "micro"):
         assert not ProbesSettings.from_params(values(profile)).enabled
         assert not [key for key, _ in provided.files(values(profile)) if key == provided.VICOMTE]
