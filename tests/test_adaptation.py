@@ -20,32 +20,23 @@ import torch
 import yaml
 from transformers import AutoModel, AutoTokenizer
 
+from adapt_repo import CLIP, TINY_BERT, build_repo
 from xdbert import training
 from xdbert.adaptation.loop import BatchMaker, adapt, evaluate, weighted_loss
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.clip import clip_block_mask
 from xdbert.data import shards
-from xdbert.data.captions import write_coco_captions
-from xdbert.data.corpus import write_corpus
-from xdbert.data.synthetic.documents import generate_corpus
-from xdbert.data.synthetic.words import generate_captions
-from xdbert.data.tokenization.build import Settings as TokenizeSettings
-from xdbert.data.tokenization.build import build as dual_tokenize
 from xdbert.data.tokenization.vocab import train_wordpiece
 from xdbert.errors import PipelineError
 from xdbert.model.clip_tower import CLIPTextTower
-from xdbert.model.encoders import build_masked_lm
 from xdbert.model.modeling import XDBertConfig, XDBertModel, count_parameters
 from xdbert.model.saving import load_full, save_adapted, save_clip_tower
 from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
-CLIP = "xdbert-tiny"
 SOT, EOT = 49406, 49407  # CLIP BPE's <|startoftext|> and <|endoftext|>
 LOSSES = ["mlm", "match", "cliptc"]
-TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-             "max_position_embeddings": 64}
 
 
 @pytest.fixture(scope="module")
@@ -54,22 +45,10 @@ def repo(tmp_path_factory) -> Path:
     data/shards, models/tokenizer, models/pretrain_encoder/bert, models/pretrain_clip and its twin
     models/pretrain_clip_nofacts (a random tiny BERT and random CLIP towers: these tests do not need them
     trained; the `nofacts` variant adapts beside the twin), and data/captions/captions.json."""
-    root = tmp_path_factory.mktemp("repo")
-    write_corpus(generate_corpus(6, 12, seed=0), root / "data" / "corpus")
-    settings = TokenizeSettings(vocab_size=300, max_len=32, n_blocks=1, shard_windows=32, max_overflow=0.1,
-                                validate_windows=4, workers=1)
-    dual_tokenize(corpus_dir=root / "data" / "corpus", shard_dir=root / "data" / "shards",
-                  tokenizer_dir=root / "models" / "tokenizer", encoder="random:bert", clip_name=CLIP,
-                  settings=settings, positions=TINY_BERT["max_position_embeddings"])
-    vocab_size = len(AutoTokenizer.from_pretrained(str(root / "models" / "tokenizer")))
-    torch.manual_seed(0)
-    build_masked_lm("random:bert", TINY_BERT, vocab_size).save_pretrained(root / "models" / "pretrain_encoder" / "bert")
+    root = build_repo(tmp_path_factory.mktemp("repo"), n_captions=60)
     save_clip_tower(CLIPTextTower.build(CLIP), root / "models" / "pretrain_clip", CLIP)
     # the twin as a copy: which facts it holds is no matter to these tests (tests/test_mechanism_stage.py)
     shutil.copytree(root / "models" / "pretrain_clip", root / "models" / "pretrain_clip_nofacts")
-    # what the caption control (`caption_mlm`, `adapt.text: captions`) trains on: the `captions` stage's file
-    (root / "data" / "captions").mkdir(parents=True)
-    write_coco_captions(generate_captions(60, seed=0), root / "data" / "captions" / "captions.json")
     return root
 
 

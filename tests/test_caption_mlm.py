@@ -15,47 +15,28 @@ import yaml
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
+from adapt_repo import CLIP, TINY_BERT, build_repo
 from xdbert.adaptation.captions import caption_windows
 from xdbert.adaptation.loop import BatchMaker, adapt, total_steps
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.data import shards
 from xdbert.data.captions import write_coco_captions
-from xdbert.data.corpus import write_corpus
-from xdbert.data.synthetic.documents import generate_corpus
 from xdbert.data.synthetic.words import generate_captions
-from xdbert.data.tokenization.build import Settings as TokenizeSettings
-from xdbert.data.tokenization.build import build as dual_tokenize
 from xdbert.data.tokenization.cleaning import clean_text
 from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
 from xdbert.errors import PipelineError
-from xdbert.model.encoders import build_masked_lm
 from xdbert.model.modeling import XDBertConfig, XDBertModel
 from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
-CLIP = "xdbert-tiny"
-TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-             "max_position_embeddings": 64}
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     """data/corpus, data/shards, models/tokenizer (a 300-piece WordPiece, windows of 32), a random tiny
     models/pretrain_encoder/bert and data/captions/captions.json: what `ablate@caption_mlm` reads."""
-    root = tmp_path_factory.mktemp("repo")
-    write_corpus(generate_corpus(6, 12, seed=0), root / "data" / "corpus")
-    settings = TokenizeSettings(vocab_size=300, max_len=32, n_blocks=1, shard_windows=32, max_overflow=0.1,
-                                validate_windows=4, workers=1)
-    dual_tokenize(corpus_dir=root / "data" / "corpus", shard_dir=root / "data" / "shards",
-                  tokenizer_dir=root / "models" / "tokenizer", encoder="random:bert", clip_name=CLIP,
-                  settings=settings, positions=TINY_BERT["max_position_embeddings"])
-    vocab_size = len(AutoTokenizer.from_pretrained(str(root / "models" / "tokenizer")))
-    torch.manual_seed(0)
-    build_masked_lm("random:bert", TINY_BERT, vocab_size).save_pretrained(root / "models" / "pretrain_encoder" / "bert")
-    (root / "data" / "captions").mkdir(parents=True)
-    write_coco_captions(generate_captions(120, seed=0), root / "data" / "captions" / "captions.json")
-    return root
+    return build_repo(tmp_path_factory.mktemp("repo"), n_captions=120)
 
 
 @pytest.fixture(scope="module")

@@ -55,19 +55,26 @@ def _device(model):
     return next(model.parameters()).device
 
 
+def _chunks(model, texts: Sequence[str], batch_size: int):
+    """`model` in eval mode, then `texts` in lists of `batch_size`: the loop of every function here that runs
+    a model."""
+    if batch_size < 1:
+        raise ValueError(f"the batch size must be at least 1; got {batch_size}")
+    model.eval()
+    for start in range(0, len(texts), batch_size):
+        yield list(texts[start:start + batch_size])
+
+
 def mean_token_features(model, tokenizer, texts: Sequence[str], batch_size: int) -> np.ndarray:
     """ViComTe's features of a transformers encoder (`AutoModel`): per text the mean over its tokens of
     `last_hidden_state` (`mean_pool`), (texts, width) float64. Batches of `batch_size` padded texts; the
     attention mask keeps padding out of both the attention and the mean. The model is put in eval mode."""
     import torch
 
-    if batch_size < 1:
-        raise ValueError(f"the batch size must be at least 1; got {batch_size}")
-    model.eval()
     out = []
     with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            batch = tokenizer(list(texts[start:start + batch_size]), padding=True, return_tensors="pt")
+        for chunk in _chunks(model, texts, batch_size):
+            batch = tokenizer(chunk, padding=True, return_tensors="pt")
             batch = {k: v.to(_device(model)) for k, v in batch.items()}
             hidden = model(**batch).last_hidden_state
             out.append(mean_pool(hidden.float().cpu().numpy(), batch["attention_mask"].cpu().numpy()))
@@ -83,14 +90,11 @@ def clip_text_features(tower, tokenizer, texts: Sequence[str], batch_size: int) 
 
     from xdbert.clip import clip_block_mask
 
-    if batch_size < 1:
-        raise ValueError(f"the batch size must be at least 1; got {batch_size}")
-    tower.eval()
     device = _device(tower)
     out = []
     with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            ids = tokenizer(list(texts[start:start + batch_size])).to(device)   # (B, 77): [SOT] ... [EOT] 0 ...
+        for chunk in _chunks(tower, texts, batch_size):
+            ids = tokenizer(chunk).to(device)                                   # (B, 77): [SOT] ... [EOT] 0 ...
             mask = clip_block_mask(ids, tokenizer.eot_token_id)
             states = tower(ids[:, None], mask[:, None])                        # (B, 77, width), one block each
             eot = mask.sum(1) - 1                                              # the first [EOT] ends the text
@@ -320,13 +324,9 @@ def mask_log_probs(model, tokenizer, texts: Sequence[str], batch_size: int) -> n
     ValueError unless each text holds the mask token exactly once. The model is put in eval mode."""
     import torch
 
-    if batch_size < 1:
-        raise ValueError(f"the batch size must be at least 1; got {batch_size}")
-    model.eval()
     out = []
     with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            chunk = list(texts[start:start + batch_size])
+        for chunk in _chunks(model, texts, batch_size):
             batch = tokenizer(chunk, padding=True, return_tensors="pt")
             at_mask = batch["input_ids"] == tokenizer.mask_token_id
             for count, text in zip(at_mask.sum(1).tolist(), chunk):
