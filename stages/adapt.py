@@ -6,7 +6,8 @@ of one encoder family on the token shards.
 VARIANT is `xdbert` (the proposed setting, every family), `baseline` (MLM only, every family) or a key of
 `adapt.variants` (Table 3's ablations, on `adapt.family` only). Writes models/adapted/<family>/<variant>
 (the language encoder alone, a plain `save_pretrained` folder), models/crossmodal/<family>/<variant> (the
-whole cross-modal model; not for the baseline, which has none) and metrics/adapt/<family>/<variant>.json (the
+whole model: for the baseline, its encoder and the MLM head trained on it, which the probes' cloze reads) and
+metrics/adapt/<family>/<variant>.json (the
 held-out metrics, and the parameters of each part of the model it built: Table 6's counts).
 A variant with `text: captions` (the caption-text control, `caption_mlm`) trains on data/captions/captions.json
 packed into windows of the shards' length (xdbert.adaptation.captions) for the steps the corpus windows give
@@ -122,8 +123,7 @@ def main() -> None:
         return
 
     save_adapted(xdbert, paths.adapted(family, variant), tokenizer_dir=paths.TOKENIZER)
-    if variant != params.BASELINE:
-        save_full(xdbert, paths.crossmodal(family, variant))
+    save_full(xdbert, paths.crossmodal(family, variant))
     runlog.write_metrics(paths.ADAPT_METRICS / family / f"{variant}.json",
                          {"family": family, "variant": variant, "encoder": model.encoder, "profile": profile,
                           "mlm_head": xdbert.mlm_head_source, "text": settings.text, "train_windows": len(windows),

@@ -1,17 +1,16 @@
 """Stage `probes`: the visual-knowledge probes of issue 56 (../shared/PROBES.md), ViComTe and CoDa, on every encoder.
 
-    deps:   models/adapted (every Table 1 and Table 3 encoder, the caption-text control), models/crossmodal/<adapt.family>
-            (the caption control's MLM head), models/pretrain_clip (CLIP-T), models/tokenizer, inputs/vicomte;
+    deps:   models/adapted (every Table 1 and Table 3 encoder, the caption-text control), models/crossmodal (the MLM
+            heads of the baselines and the caption control), models/pretrain_clip (CLIP-T), models/tokenizer, inputs/vicomte;
             CoDa and the reference encoder through the pins of hub.lock.json
     outs:   reports/probes.md, results/probes.json (metrics)
 
 Rows: each family's MLM baseline and XDBERT (Table 1), the variants of `adapt.family` (Table 3), CLIP-T (its text
 features), the `probes.reference` encoder from its pinned hub snapshot, and the caption-text control (the variant
 CAPTION_CONTROL, where `adapt.variants` has it). ViComTe's linear probe runs on every row; the zero-shot cloze and
-CoDa only on rows whose MLM head was trained on that encoder's own output and saved: the reference (its hub head)
-and a caption control without cross layers (its head in models/crossmodal). Never XDBERT or a Table 3 variant (their
-head read the cross layers' output); not the baselines either: the adapt stage saves their encoder alone
-(xdbert.model.saving.save_adapted), so no head of theirs exists to run.
+CoDa only on rows whose MLM head was trained on that encoder's own output and saved: the reference (its hub head),
+the baselines and a caption control without cross layers (their heads in models/crossmodal). Never XDBERT or a
+Table 3 variant: their head read the cross layers' output, not the encoder's.
 
 Cost: each row's features are computed once per relation and template, for every subject of both groupings; the
 probes of one (row, relation, grouping) fit their templates in parallel (`vicomte_probe.linear_probe`'s `n_jobs`),
@@ -63,8 +62,6 @@ class Plan(NamedTuple):
 
 def read(p: dict) -> Plan:
     """Every param this stage reads, checked; tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
-    from xdbert.adaptation.settings import variant_overrides
-
     s = ProbesSettings.from_params(p)
     if not s.enabled:
         return Plan(p["profile"], s, [])
@@ -72,17 +69,24 @@ def read(p: dict) -> Plan:
     variants = P.variant_names(p)
     rows = []
     for f in family_names(p):
-        rows += [Row(f"{f}/{P.BASELINE}", "baseline", f, "encoder", str(adapted(f, P.BASELINE))),
+        rows += [Row(f"{f}/{P.BASELINE}", "baseline", f, "encoder", str(adapted(f, P.BASELINE)), own_head(p, f, P.BASELINE)),
                  Row(f"{f}/{P.PROPOSED}", "xd", f, "encoder", str(adapted(f, P.PROPOSED)))]
     rows += [Row(f"{fam}/{v}", "xd", fam, "encoder", str(adapted(fam, v))) for v in variants if v != CAPTION_CONTROL]
     if CAPTION_CONTROL in variants:
-        # its head read the encoder's own output only without cross layers; saved whole in models/crossmodal
-        overrides, _ = variant_overrides(p, CAPTION_CONTROL)
-        own_head = overrides.get("cross_layers", P.get(P.section(p, "adapt"), "cross_layers", "adapt")) == 0
-        rows.append(Row(f"{fam}/{CAPTION_CONTROL}", "caption_control", fam, "encoder",
-                        str(adapted(fam, CAPTION_CONTROL)), str(crossmodal(fam, CAPTION_CONTROL)) if own_head else None))
+        rows.append(Row(f"{fam}/{CAPTION_CONTROL}", "caption_control", fam, "encoder", str(adapted(fam, CAPTION_CONTROL)),
+                        own_head(p, fam, CAPTION_CONTROL)))
     rows += [Row(CLIP_ROW, "clip", None, "clip", str(PRETRAIN_CLIP)), Row(s.reference, "reference", None, "hub", s.reference, "hub")]
     return Plan(p["profile"], s, rows)
+
+
+def own_head(p: dict, family: str, variant: str) -> str | None:
+    """The models/crossmodal folder of `variant`'s MLM head where that head read the encoder's own output (no cross
+    layers: the baseline's recipe), else None (no cloze)."""
+    from xdbert.adaptation.settings import variant_overrides
+
+    overrides, _ = variant_overrides(p, variant)
+    cross_layers = overrides.get("cross_layers", P.get(P.section(p, "adapt"), "cross_layers", "adapt"))
+    return str(crossmodal(family, variant)) if cross_layers == 0 else None
 
 
 def check_inputs(plan: Plan) -> None:

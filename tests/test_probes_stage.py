@@ -40,8 +40,10 @@ def test_the_rows_are_table_1_table_3_clip_the_reference_and_the_caption_control
     roles = {r.name: r.role for r in plan.rows}
     assert roles[f"{fam}/{CAPTION}"] == "caption_control" and roles["clip_t"] == "clip"
     assert roles["bert-base-cased"] == "reference" and roles[f"{fam}/{variants[0]}"] == "xd"
-    # a cloze only where the head read the encoder's own output and was saved
-    assert {r.name for r in plan.rows if r.head} == {f"{fam}/{CAPTION}", "bert-base-cased"}
+    # a cloze only where the head read the encoder's own output: the baselines, the control and the reference
+    baselines = {f"{f}/baseline" for f in p["families"]}
+    assert {r.name for r in plan.rows if r.head} == {*baselines, f"{fam}/{CAPTION}", "bert-base-cased"}
+    assert {r.head for r in plan.rows if r.name in baselines} == {f"models/crossmodal/{f}/baseline" for f in p["families"]}
     assert CAPTION not in {r.name.split("/")[-1] for r in stage.read(p).rows}
     off = profiles.values("embedded")
     assert stage.read(off).rows == [] and not stage.read(off).s.enabled

@@ -187,7 +187,8 @@ STAGES: dict[str, Stage] = {
         unused=CHECKED_FAMILIES),
     "adapt_baseline": Stage(
         "stages/adapt.py", args=f"{KEY} baseline", foreach="families",
-        deps=(*ADAPT_DEPS, "models/pretrain_encoder/${key}"), outs=("models/adapted/${key}/baseline",),
+        deps=(*ADAPT_DEPS, "models/pretrain_encoder/${key}"),
+        outs=("models/adapted/${key}/baseline", "models/crossmodal/${key}/baseline"),
         metrics=("metrics/adapt/${key}/baseline.json",), plots=("dvclive/adapt/${key}/baseline/plots/metrics",),
         unused={**CHECKED_FAMILIES, **ADAPT_KEYS, **ABLATION_FAMILY,
                 **reasons("adapt", CROSS_MODAL, "the baseline has no cross-modal layers, MATCH or CLIPTC")}),
@@ -241,7 +242,7 @@ STAGES: dict[str, Stage] = {
     "probes": Stage(
         "stages/probes.py",
         deps=("models/adapted  # every Table 1 and Table 3 encoder, and the caption-text control",
-              "models/crossmodal/${adapt.family}  # the caption control's MLM head",
+              "models/crossmodal  # the MLM heads of the baselines and the caption-text control",
               "models/pretrain_clip", "models/tokenizer", "inputs/vicomte  # ViComTe's files: this stage's alone"),
         outs=("reports/probes.md",), metrics=("results/probes.json",),
         unused={"families.*": "only the names: each family's baseline and XDBERT are rows",
