@@ -321,9 +321,12 @@ def made_up_results(group: tuple, seconds: float = 2.0) -> list[dict]:
     return [{"seed": seed, "device": device, "metrics": {"dev": {"accuracy": 0.5}}, "seconds": seconds} for seed in group]
 
 
+SECONDS_PER_COST = 1e-7  # the made-up time of a run: in proportion to its cost, with no fixed part
+
+
 def without_ray(monkeypatch, trained: list) -> None:
-    """The grid's engine without Ray: two workers, each run ends at once with made-up results; a minute
-    without a result comes first (`results` yields None)."""
+    """The grid's engine without Ray: two workers, each run ends at once with made-up results, which say it
+    took SECONDS_PER_COST per unit of its cost; a minute without a result comes first (`results` yields None)."""
     monkeypatch.setattr(engine, "connect", lambda slots=None: False)
     monkeypatch.setattr(engine, "plan", lambda n, workers, gib: (2, 0.0))
     monkeypatch.setattr(engine, "share", lambda jobs: jobs)
@@ -335,7 +338,7 @@ def without_ray(monkeypatch, trained: list) -> None:
         yield None
         for i, group in runs:
             trained.append((i, group))
-            yield i, group, made_up_results(group)
+            yield i, group, made_up_results(group, SECONDS_PER_COST * grid.cost(jobs[i], group))
 
     monkeypatch.setattr(engine, "results", results)
 
@@ -350,7 +353,7 @@ def test_the_grid_prints_its_plan_first_then_progress_by_cost(bert_dir, tmp_path
                         run_cache=tmp_path / "runs")
     stsb = prepare("encoder", bert_dir, keyword_tables("stsb", 32, 12), settings(get_task("stsb"), epochs=1),
                    run_cache=tmp_path / "runs")
-    grid.keep(stsb, (0,), made_up_results((0,), seconds=60.0))  # trained before: reused
+    grid.keep(stsb, (0,), made_up_results((0,), SECONDS_PER_COST * grid.cost(stsb, (0,))))  # trained before: reused
     trained = []
     without_ray(monkeypatch, trained)
     work = [(sst2, [0, 1]), (long_sst2, [0]), (stsb, [0])]
@@ -364,19 +367,20 @@ def test_the_grid_prints_its_plan_first_then_progress_by_cost(bert_dir, tmp_path
     assert trained == [(1, (0,)), (0, (0,)), (0, (1,))]  # 3 epochs first
     cost = grid.cost(sst2, (0,))
     assert grid.cost(long_sst2, (0,)) == 3 * cost and grid.cost(stsb, (0,)) < cost  # stsb: fewer, shorter examples
-    # 60 s of one run of stsb's cost: the 5 sst2 epochs' worth on 2 workers
-    est = progress.duration(60 / grid.cost(stsb, (0,)) * 5 * cost / 2)
+    # the reused run's seconds per cost, for the 5 sst2 epochs on 2 workers
+    est = progress.duration(SECONDS_PER_COST * 5 * cost / 2)
     assert lines[0] == f"finetune: plan: 4 runs, 1 reused, 3 to train on 2 workers (est. {est})"
     assert lines[1] == "finished 2: seeds [0], reused [True]"
-    assert lines[2] == "finished 1: seeds [0], reused [False]" and lines[3].startswith("finetune: 60% of est. cost, 1/3 runs, about")
-    assert lines[4].startswith("finetune: 80% of est. cost, 2/3 runs, about")
-    assert lines[5:] == ["finished 0: seeds [0, 1], reused [False, False]", "finetune: 100% of est. cost, 3/3 runs, about under 1 min left"]
+    assert lines[2] == "finished 1: seeds [0], reused [False]" and lines[3].startswith("finetune: 60% of est. time, 1/3 runs, about")
+    assert lines[4].startswith("finetune: 80% of est. time, 2/3 runs, about")
+    assert lines[5:] == ["finished 0: seeds [0, 1], reused [False, False]", "finetune: 100% of est. time, 3/3 runs, about under 1 min left"]
     capsys.readouterr()
     grid.run_grid(work, workers=2)  # all saved now: no Ray, no training
     assert capsys.readouterr().out.splitlines() == ["finetune: plan: 4 runs, 4 reused, 0 to train"]
 
 
-def test_progress_says_a_line_at_every_5_percent_of_the_cost_and_every_minute():
+def test_progress_says_a_line_at_every_5_percent_of_the_time_and_every_minute():
+    """With no timed run, the time is in proportion to the cost (each run here says no seconds)."""
     now, said = [0.0], []
     p = progress.Progress(runs=10, cost=100.0, say=said.append, clock=lambda: now[0])
     p.plan(total=12, reused=2, workers=2)
@@ -387,17 +391,42 @@ def test_progress_says_a_line_at_every_5_percent_of_the_cost_and_every_minute():
     assert len(said) == 1
     now[0] = 60
     p.tick()
-    assert said[-1] == "finetune: 4% of est. cost, 1/10 runs, about 24 min left"  # 96 more at 4 a minute
+    assert said[-1] == "finetune: 4% of est. time, 1/10 runs, about 24 min left"  # 96 more at 4 a minute
     p.done(1, 1.0)  # 5%
-    assert said[-1] == "finetune: 5% of est. cost, 2/10 runs, about 19 min left"
+    assert said[-1] == "finetune: 5% of est. time, 2/10 runs, about 19 min left"
     now[0] = 300
     p.done(8, 95.0)
-    assert said[-1] == "finetune: 100% of est. cost, 10/10 runs, about under 1 min left" and len(said) == 4
+    assert said[-1] == "finetune: 100% of est. time, 10/10 runs, about under 1 min left" and len(said) == 4
     before = progress.Progress(runs=1, cost=10.0, say=said.append, clock=lambda: 0.0)
     before.plan(total=1, reused=0, workers=1)
     before.tick()
     assert said[-1].endswith("0 to train") is False and "an estimate once the first runs end" in said[-1]
     assert [progress.duration(s) for s in (20, 90, 3600 + 5 * 60)] == ["under 1 min", "2 min", "1 h 5 min"]
+
+
+def test_progress_counts_each_runs_fixed_time_so_small_runs_at_the_end_are_not_nothing():
+    """One long run (cost 90) then 10 small ones (cost 1 each), each taking 10 s of fixed time plus 1 s per
+    unit of cost. Cost alone called the grid 90% done after the long run; its time is 100 of 210 s."""
+    assert progress.fit([(1, 90.0, 100.0), (1, 1.0, 11.0), (2, 2.0, 22.0)]) == pytest.approx((10.0, 1.0))
+    assert progress.fit([]) == (0.0, 1.0)                                   # no time: shares of cost
+    assert progress.fit([(1, 5.0, 7.0)]) == (0.0, pytest.approx(1.4))       # one point: cost alone
+    assert progress.fit([(1, 5.0, 7.0), (2, 10.0, 14.0)]) == (0.0, pytest.approx(1.4))  # a and b not told apart
+    assert progress.fit([(1, 1.0, 10.0), (1, 9.0, 2.0)]) == (pytest.approx(1.0 * 12 / 2), 0.0)  # slower when cheaper: no b
+    now, said = [0.0], []
+    p = progress.Progress(runs=11, cost=100.0, say=said.append, clock=lambda: now[0])
+    p.plan(total=11, reused=0, workers=1)
+    now[0] = 100
+    p.done(1, 90.0, 100.0)  # one point: cost alone, 90%
+    assert said[-1] == "finetune: 90% of est. time, 1/11 runs, about under 1 min left"
+    now[0] = 111
+    p.done(1, 1.0, 11.0)   # two points: a = 10, b = 1: 111 of 210 s done
+    assert said[-1] == "finetune: 52% of est. time, 2/11 runs, about 2 min left"  # 99 s left at the rate so far
+    # the plan of a rerun that reuses timed runs estimates with the fitted model
+    again = progress.Progress(runs=9, cost=9.0, say=said.append, clock=lambda: 0.0)
+    again.plan(total=11, reused=2, workers=1, timed=[(1, 90.0, 100.0), (1, 1.0, 11.0)])
+    assert said[-1] == "finetune: plan: 11 runs, 2 reused, 9 to train on 1 worker (est. 2 min)"  # 9 x 11 s
+    again.plan(total=11, reused=2, workers=1, timed=[(1, 90.0, 90.0), (1, 1.0, 1.0)])
+    assert said[-1] == "finetune: plan: 11 runs, 2 reused, 9 to train on 1 worker (est. under 1 min)"  # 9 x 1 s
 
 
 WRITER = """

@@ -109,7 +109,7 @@ def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, c
     said = {line.split(":")[0]: i for i, line in enumerate(lines)}  # where each task's median, and its summary, is
     for task in ("sst2", "stsb"):  # a task's medians come as its last run ends, after a progress line
         assert 3 < said[f"finetune {task} tiny/xdbert"] < said[f"finetune {task}"], lines
-    assert "finetune: 100% of est. cost, 4/4 runs, about under 1 min left" in lines
+    assert "finetune: 100% of est. time, 4/4 runs, about under 1 min left" in lines
     for task, n_dev in (("sst2", 16), ("stsb", 12)):
         out = workdir / "results" / "finetune" / task / "tiny" / "xdbert"
         metrics = yaml.safe_load((out / "metrics.json").read_text())

@@ -111,6 +111,11 @@ def cost(job: Job, group: Group) -> float:
     return float(compute_parameters(job.model_path)) * tokens * job.hyperparameters.epochs * len(group)
 
 
+def timed(results: list[dict]) -> float:
+    """The seconds a run group took (its seeds trained together, each result saying the group's), 0 if unknown."""
+    return float(results[0].get("seconds", 0)) if results else 0.0
+
+
 def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto",
              finished: Callable[[int, list[dict]], None] | None = None) -> list[list[dict]]:
     """Every (job, seed) of `work`, on Ray workers (`workers`: how many, or auto); per job, its results
@@ -137,8 +142,7 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto",
     def begin(workers: int) -> None:
         """The plan, then the jobs that are all reused."""
         progress.plan(total=sum(len(seeds) for _, seeds in work), reused=sum(len(group) for _, group in done),
-                      workers=workers, reused_seconds=sum(results[0].get("seconds", 0) for results in done.values()),
-                      reused_cost=sum(costs[run] for run in done))
+                      workers=workers, timed=[(len(run[1]), costs[run], timed(results)) for run, results in done.items()])
         for run, results in list(done.items()):
             finish(run, results)
 
@@ -174,7 +178,7 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto",
                     continue
                 i, group, results = ended
                 finish((i, group), keep(jobs[i], group, results))
-                progress.done(len(group), costs[(i, group)])
+                progress.done(len(group), costs[(i, group)], timed(results))
         finally:
             if started:
                 engine.disconnect()

@@ -1,11 +1,15 @@
 """The grid's log, readable in a `dvc repro` log: its plan as it starts, then how far it is.
 
 The grid can take hours, and returns only when its last run ends. So it says at once how many runs it
-reuses and trains, then prints a line at every 5% of the estimated cost done and at least every minute.
-Progress is weighed by each run's expected cost (`grid.cost`), not counted in runs: the longest runs go
-first, and the first runs to finish are a larger share of the work than their number. The time left is
-the cost left at the rate the finished runs went; before any has finished, at the rate the reused runs
-went when they were trained, where the grid reuses any.
+reuses and trains, then prints a line at every 5% of the estimated time done and at least every minute.
+Progress is weighed by each run's expected time, not counted in runs: the longest runs go first, and the
+first runs to finish are a larger share of the work than their number. A run's time is modelled as a
+fixed part (loading, evaluating) plus a part in proportion to its cost (`grid.cost`, its FLOPs):
+seconds = a + b x cost, fitted to the runs that took a measured time, the reused ones and those this
+grid trained. Cost alone made the estimate front-loaded: the many small runs at the end of a grid,
+"2% of the cost", took a quarter of its time. Until two runs of different costs have ended, the model
+is cost alone. The time left is the work left at the rate the finished runs went; before any has
+finished, the fitted seconds of the runs to train over the workers, where the grid reuses any.
 """
 from __future__ import annotations
 
@@ -31,8 +35,30 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
+def fit(points: list[tuple[int, float, float]]) -> tuple[float, float]:
+    """(a, b) of seconds = a x runs + b x cost, least squares over `points` (runs, cost, seconds), both at
+    least 0; in proportion to cost alone (a = 0) while the points cannot tell a from b, and (0, 1) without
+    points, when only the shares of cost count."""
+    srr = sum(r * r for r, _, _ in points)
+    scc = sum(c * c for _, c, _ in points)
+    src = sum(r * c for r, c, _ in points)
+    srs = sum(r * t for r, _, t in points)
+    scs = sum(c * t for _, c, t in points)
+    det = srr * scc - src * src
+    if not points or scc <= 0:
+        return 0.0, 1.0
+    if len(points) < 2 or det <= 1e-9 * srr * scc:
+        return 0.0, scs / scc
+    a, b = (srs * scc - scs * src) / det, (scs * srr - srs * src) / det
+    if a < 0:            # no fixed part: the time in proportion to cost alone
+        return 0.0, max(scs / scc, 1e-12)
+    if b <= 0:           # no part in proportion to cost: a fixed time per run
+        return max(srs / srr, 1e-12), 0.0
+    return a, b
+
+
 class Progress:
-    """Counts the cost and the runs done of a grid's runs to train, and says how far it is."""
+    """Counts the runs, cost and time of a grid's runs to train, and says how far it is."""
 
     def __init__(self, runs: int, cost: float, say: Callable[[str], None] = say,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -41,14 +67,23 @@ class Progress:
         self.say, self.clock = say, clock
         self.start = self.last_line = clock()
         self.steps_said = 0                  # of STEP
-        self.seconds_per_cost: float | None = None  # the reused runs' rate, before a run of this grid ends
+        self.points: list[tuple[int, float, float]] = []  # (runs, cost, seconds) of each run group timed
+        self.workers = 1
 
-    def plan(self, total: int, reused: int, workers: int, reused_seconds: float = 0.0, reused_cost: float = 0.0) -> None:
+    def work(self, runs: float, cost: float) -> float:
+        """The expected seconds, on one worker, of `runs` runs of `cost` in all."""
+        a, b = fit(self.points)
+        return a * runs + b * cost
+
+    def share(self) -> float:
+        return self.work(self.runs_done, self.cost_done) / self.work(self.runs, self.cost) if self.runs else 1.0
+
+    def plan(self, total: int, reused: int, workers: int, timed: list[tuple[int, float, float]] = ()) -> None:
         """The first line: runs in all, reused, to train, on how many workers, and an estimate of the time
-        from the seconds the reused runs took to train and their cost (one worker each), where any."""
-        if self.runs and reused_seconds > 0 and reused_cost > 0:
-            self.seconds_per_cost = reused_seconds / reused_cost / workers
-        estimate = (f"est. {duration(self.cost * self.seconds_per_cost)}" if self.seconds_per_cost
+        from `timed`, the (runs, cost, seconds) of the reused run groups, as they were trained, where any."""
+        self.points = [t for t in timed if t[2] > 0]
+        self.workers = max(workers, 1)
+        estimate = (f"est. {duration(self.work(self.runs, self.cost) / self.workers)}" if self.points
                     else "an estimate once the first runs end")
         trains = f"{self.runs} to train on {workers} worker{'s' * (workers != 1)} ({estimate})" if self.runs else "0 to train"
         self.say(f"finetune: plan: {total} runs, {reused} reused, {trains}")
@@ -58,14 +93,14 @@ class Progress:
         """The time left, from the rate so far, else the plan's."""
         elapsed = self.clock() - self.start
         if self.cost_done > 0:
-            return f"about {duration(elapsed / self.cost_done * (self.cost - self.cost_done))} left"
-        if self.seconds_per_cost:
-            return f"about {duration(max(0.0, self.cost * self.seconds_per_cost - elapsed))} left"
+            share = self.share()
+            return f"about {duration(elapsed / share * (1 - share))} left"
+        if self.points:
+            return f"about {duration(max(0.0, self.work(self.runs, self.cost) / self.workers - elapsed))} left"
         return f"{duration(elapsed)} in, no run ended yet"
 
     def line(self) -> None:
-        share = self.cost_done / self.cost if self.cost else 1.0
-        self.say(f"finetune: {int(100 * share)}% of est. cost, {self.runs_done}/{self.runs} runs, {self.left()}")
+        self.say(f"finetune: {int(100 * self.share() + 1e-9)}% of est. time, {self.runs_done}/{self.runs} runs, {self.left()}")
         self.last_line = self.clock()
 
     def skip(self, runs: int, cost: float, where: str) -> None:
@@ -74,12 +109,16 @@ class Progress:
             self.runs, self.cost = self.runs - runs, self.cost - cost
             self.say(f"finetune: {runs} more runs reused, saved on {where}: {self.runs} to train")
 
-    def done(self, runs: int, cost: float) -> None:
-        """`runs` of `cost` just ended: a line if they crossed a step of STEP, or a minute passed."""
+    def done(self, runs: int, cost: float, seconds: float = 0.0) -> None:
+        """`runs` of `cost` just ended, taking `seconds` (0: not measured): a line if they crossed a step of
+        STEP, or a minute passed."""
         self.runs_done += runs
         self.cost_done += cost
-        steps = int(self.cost_done / self.cost / STEP + 1e-9) if self.cost else 0
-        if steps > self.steps_said or self.clock() - self.last_line >= HEARTBEAT_S:
+        if seconds > 0:
+            self.points.append((runs, cost, seconds))
+        steps = int(self.share() / STEP + 1e-9)
+        # a step down too: a refit that finds the small runs slower than their cost said moves the estimate
+        if steps != self.steps_said or self.clock() - self.last_line >= HEARTBEAT_S:
             self.steps_said = steps
             self.line()
 
