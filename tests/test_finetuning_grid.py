@@ -261,7 +261,9 @@ def test_saved_runs_are_keyed_by_the_code_the_grid_runs_and_no_other():
     assert {"xdbert/finetuning/loop.py", "xdbert/finetuning/stacked.py", "xdbert/finetuning/heads.py",
             "xdbert/model/modeling.py", "xdbert/data/tasks/metrics.py", "xdbert/numerics.py", "xdbert/mkl_dispatch.c"} <= files
     assert not files & {"xdbert/reports/tables.py", "xdbert/analysis/grounding.py", "xdbert/adaptation/loop.py",
-                        "xdbert/cli.py"}, files
+                        "xdbert/cli.py", "xdbert/finetuning/progress.py"}, files  # progress: the log alone
+    assert "xdbert/finetuning/progress.py" in {str(p.relative_to(root)) for p in job_module.imports.closure(
+        root / "xdbert/finetuning/grid.py")}  # imported by the grid, and still left out
     assert len(job_module.code_digest()) == 16
 
 
@@ -411,7 +413,8 @@ def test_progress_counts_each_runs_fixed_time_so_small_runs_at_the_end_are_not_n
     assert progress.fit([]) == (0.0, 1.0)                                   # no time: shares of cost
     assert progress.fit([(1, 5.0, 7.0)]) == (0.0, pytest.approx(1.4))       # one point: cost alone
     assert progress.fit([(1, 5.0, 7.0), (2, 10.0, 14.0)]) == (0.0, pytest.approx(1.4))  # a and b not told apart
-    assert progress.fit([(1, 1.0, 10.0), (1, 9.0, 2.0)]) == (pytest.approx(1.0 * 12 / 2), 0.0)  # slower when cheaper: no b
+    assert progress.fit([(1, 90.0, 100.0), (1, 10.0, 20.0)]) == (0.0, pytest.approx(9200 / 8200))  # 9x apart: too close
+    assert progress.fit([(1, 1.0, 10.0), (1, 20.0, 2.0)]) == (pytest.approx(12 / 2), 0.0)  # slower when cheaper: no b
     now, said = [0.0], []
     p = progress.Progress(runs=11, cost=100.0, say=said.append, clock=lambda: now[0])
     p.plan(total=11, reused=0, workers=1)

@@ -113,11 +113,16 @@ def prepare(model_kind: str, model_path: str | Path, tables: dict, settings: Fin
     return job
 
 
+# Modules the grid imports that compute nothing a run returns: a change to them keeps every saved run
+LOG_ONLY = {"progress.py": "prints the grid's plan and progress lines"}
+
+
 def code_files() -> list[Path]:
-    """The code a run executes: the modules the grid runs (`xdbert.imports.closure` of grid.py) and the
-    source of the MKL library that picks the CPU's kernels (xdbert.numerics)."""
+    """The code a run executes: the modules the grid runs (`xdbert.imports.closure` of grid.py) less
+    LOG_ONLY, and the source of the MKL library that picks the CPU's kernels (xdbert.numerics)."""
     grid = Path(__file__).resolve().with_name("grid.py")
-    return sorted([*imports.closure(grid), imports.ROOT / imports.PACKAGE / "mkl_dispatch.c"])
+    log_only = {grid.with_name(name) for name in LOG_ONLY}
+    return sorted([*(imports.closure(grid) - log_only), imports.ROOT / imports.PACKAGE / "mkl_dispatch.c"])
 
 
 @functools.cache

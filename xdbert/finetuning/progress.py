@@ -7,8 +7,9 @@ first runs to finish are a larger share of the work than their number. A run's t
 fixed part (loading, evaluating) plus a part in proportion to its cost (`grid.cost`, its FLOPs):
 seconds = a + b x cost, fitted to the runs that took a measured time, the reused ones and those this
 grid trained. Cost alone made the estimate front-loaded: the many small runs at the end of a grid,
-"2% of the cost", took a quarter of its time. Until two runs of different costs have ended, the model
-is cost alone. The time left is the work left at the rate the finished runs went; before any has
+"2% of the cost", took a quarter of its time. Until runs of costs SPREAD apart have ended, the model is
+cost alone. The module computes nothing a run returns: the run cache's key leaves it out
+(`job.LOG_ONLY`), so changing it retrains nothing. The time left is the work left at the rate the finished runs went; before any has
 finished, the fitted seconds of the runs to train over the workers, where the grid reuses any.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable
 STEP = 0.05        # a line at every 5% of the estimated cost done ...
 HEARTBEAT_S = 60   # ... and at least every minute,
 TICK_S = 1         # looking at the clock this often while no run ends
+SPREAD = 10        # the fixed part is fitted once the runs timed differ this much in cost per run
 
 
 def say(line: str) -> None:
@@ -47,7 +49,10 @@ def fit(points: list[tuple[int, float, float]]) -> tuple[float, float]:
     det = srr * scc - src * src
     if not points or scc <= 0:
         return 0.0, 1.0
-    if len(points) < 2 or det <= 1e-9 * srr * scc:
+    per_run = [c / r for r, c, _ in points]
+    # The grid runs the costliest first: a fixed part fitted to runs of about one cost is noise, and
+    # multiplied by the hundreds of small runs still to come, it said "4 h left" of a 40-minute grid.
+    if max(per_run) < SPREAD * min(per_run) or det <= 1e-9 * srr * scc:
         return 0.0, scs / scc
     a, b = (srs * scc - scs * src) / det, (scs * srr - srs * src) / det
     if a < 0:            # no fixed part: the time in proportion to cost alone
