@@ -53,8 +53,8 @@ def test_the_rows_are_table_1_table_3_clip_the_reference_and_the_caption_control
 def inputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("probes")
     for relation in RELATIONS:
-        mirror.write_vicomte(folder / "vicomte", relation, seed=0)
-    mirror.write_coda(folder / "coda", mirror.dataset_layout("corypaik/coda"), seed=0)
+        mirror.write_vicomte(folder / "vicomte", relation, seed=0, sizes="tiny")
+    mirror.write_coda(folder / "coda", mirror.dataset_layout("corypaik/coda"), seed=0, sizes="tiny")
     return {r: load_relation(folder / "vicomte", r) for r in RELATIONS}, read_coda(folder / "coda", str(folder / "cache"))
 
 
