@@ -86,7 +86,7 @@ def tiny_loader(tok):
                                         batch_size=8))
         if row.kind == "hub":
             mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), **small))
-            return stage.Loaded(partial(mean_token_features, mlm.base_model, tok, batch_size=8), mlm, tok)
+            return stage.Loaded(partial(mean_token_features, mlm.base_model, tok, batch_size=8), stage.hub_mlm(mlm, "b"), tok)
         if row.head:
             full = XDBertModel.build(XDBertConfig(encoder="random:bert", vocab_size=len(tok), clip="xdbert-tiny",
                                                   cross_layers=0, losses=["mlm"], encoder_config=small))
