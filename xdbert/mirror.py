@@ -39,7 +39,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Collection
 
 from xdbert import params as P
 from xdbert.data import provided, vicomte
@@ -419,11 +419,13 @@ def write_asset(folder: Path, asset: Asset, p: dict, sizes: str) -> None:
 # The mirror and the hand-provided inputs
 # ----------------------------------------------------------------------------------------------------
 
-def build_mirror(p: dict, cache: Path, sizes: str, say: Callable[[str], None] = print) -> list[dict]:
-    """Write every hub asset of params `p` into hub cache `cache`; the lock entries, as `xdbert fetch` writes them."""
+def build_mirror(p: dict, cache: Path, sizes: str, say: Callable[[str], None] = print,
+                 keys: Collection[str] | None = None) -> list[dict]:
+    """Write every hub asset of params `p` (or those of the param `keys` alone) into hub cache `cache`; the lock
+    entries, as `xdbert fetch` writes them."""
     check_sizes(sizes)
     entries = []
-    for asset in hub_assets(p):
+    for asset in (a for a in hub_assets(p) if keys is None or a.key in keys):
         revision = fake_commit(asset, sizes)
         folder = snapshot_dir(cache, asset, revision)
         if folder.exists():
