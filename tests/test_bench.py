@@ -198,3 +198,26 @@ def test_every_benchmark_that_writes_a_result_records_the_commit():
     assert len(writers) >= 9
     missing = [p.name for p in writers if "**code_version()" not in p.read_text()]
     assert missing == [], f"benchmarks whose results do not record the commit: {missing}"
+
+
+def test_probes_stage_times_each_row_through_the_stage_and_extrapolates(tmp_path):
+    """bench/probes_stage.py at tiny sizes on one relation: a baseline (its saved MLM head) and the reference (the hub
+    mirror's MLM), each timed in parts; the peak memory of the stage and of joblib's workers; and no extrapolated
+    total, since most kinds of row were not measured."""
+    rows = ["bert-b/baseline", "bert-base-cased"]
+    done = subprocess.run([sys.executable, "bench/probes_stage.py", "--sizes", "tiny", "--only", ",".join(rows),
+                           "--relations", "shape", "--jobs", "2", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "probes_stage.json").read_text())
+    measured = result["measured"]
+    assert [r["name"] for r in measured["rows"]] == rows and result["relations"] == ["shape"]
+    for r in measured["rows"]:
+        assert all(r[part] > 0 for part in ("load", "features", "cloze", "rest")), r
+        assert r["wall"] == pytest.approx(r["load"] + r["features"] + r["cloze"] + r["rest"])
+    assert measured["peak_rss_mib"]["stage"] > 0 and measured["peak_rss_mib"]["children"] > 0
+    assert measured["templates"] == {"shape": 3} and measured["comparisons"] == 0
+    x = result["extrapolated"]
+    assert x["rows"] == 15 and x["total_seconds"] is None and "base encoder" in x["missing"]
+    assert x["kinds"]["reference (hub MLM)"]["seconds_per_row"] == measured["rows"][1]["wall"]
+    assert result["commit_from"] == "git" and "| bert-b/baseline | base encoder with MLM head |" in (tmp_path / "probes_stage.md").read_text()
