@@ -14,8 +14,10 @@ as `xdbert rehearse` runs it, so that the peak memory is the stage's own and not
 
 Reported per row: seconds loading, computing the linear probe's features (the encoder's forward passes), running
 the cloze (ViComTe's and CoDa's, where the row has a head) and the rest (the linear probes' fits); the differences'
-paired bootstraps after the last row; the peak RSS of the stage's process and of its children (joblib's workers,
-which fit the templates). On a subset of the rows, an extrapolation to all of them: each row of the profile costs
+paired bootstraps after the last row; the peak RSS of the stage's process and of its largest child (joblib's
+workers, which fit the templates), each its own VmHWM: getrusage's ru_maxrss would count, in a forked child, the
+parent's RSS it started from (so in this child process the parent's too), and joblib's workers, reaped when idle
+(300 s), would not all be there at the end, so they are read after each row's fits. On a subset of the rows, an extrapolation to all of them: each row of the profile costs
 what the measured rows of its kind did (a base or large encoder, with or without an MLM head, CLIP-T, the
 reference), the bootstraps what they did per comparison.
 
@@ -32,7 +34,7 @@ import importlib.util
 import json
 import os
 import platform
-import resource
+import re
 import shlex
 import subprocess
 import sys
@@ -137,10 +139,29 @@ def write_project(project: Path, rows: list, relations: list[str], sizes: str, p
 # The child process: the stage's computation, timed row by row
 # ----------------------------------------------------------------------------------------------------
 
+def peak_mib(pid: int | str) -> float:
+    """Process `pid`'s own peak RSS (VmHWM: its memory since its exec), 0 if it has ended."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) / 1024
+
+
+def children_peak_mib() -> float:
+    """The largest own peak RSS among this process's live children (joblib's workers)."""
+    me, peaks = os.getpid(), [0.0]
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                peaks.append(peak_mib(d.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended while listed
+    return max(peaks)
+
+
 def measure(args) -> None:
     """In the project folder (the cwd): the stage's `probe` on the chosen rows; writes MEASURED."""
-    from joblib.externals.loky import get_reusable_executor
-
     from xdbert.data.coda import load_coda
     from xdbert.data.probes import ProbesSettings
     from xdbert.data.vicomte import load_relation
@@ -154,7 +175,7 @@ def measure(args) -> None:
     relations = {r: load_relation(s.vicomte_dir, r) for r in args.relations}
     coda = load_coda(s.coda_hub_id)
     data_seconds = time.perf_counter() - start
-    times, current = {}, {}
+    times, current, workers = {}, {}, [0.0]
 
     def timed(kind: str, f):
         def call(*a, **k):
@@ -175,18 +196,17 @@ def measure(args) -> None:
         t = times[current["row"]]
         t["wall"] = time.perf_counter() - current["start"]
         t["rest"] = t["wall"] - t["load"] - t["features"] - t["cloze"]
+        workers.append(children_peak_mib())  # the row's fits are done; its workers are still there
         print(f"{line} ({t['wall']:.1f} s)", flush=True)
 
     stage.cloze_scores = timed("cloze", stage.cloze_scores)  # the stage's own, timed: row_outputs calls it by name
     results = stage.probe(rows, load, relations, coda, cv_folds=s.cv_folds, n_boot=s.n_boot, jobs=args.jobs, say=say)
     total = time.perf_counter() - start
-    get_reusable_executor().shutdown(wait=True)  # joblib's workers, reaped: RUSAGE_CHILDREN counts them
-    mib = lambda who: resource.getrusage(who).ru_maxrss / 1024  # KiB on Linux
     Path(MEASURED).write_text(json.dumps({
         "rows": [{"name": r.name, "kind": kind_of(r, p), **times[r.name]} for r in rows],
         "data_seconds": data_seconds, "differences_seconds": total - data_seconds - sum(t["wall"] for t in times.values()),
         "comparisons": len(comparisons(results["models"])), "total_seconds": total,
-        "peak_rss_mib": {"stage": mib(resource.RUSAGE_SELF), "children": mib(resource.RUSAGE_CHILDREN)},
+        "peak_rss_mib": {"stage": peak_mib("self"), "children": max(workers)},
         "cv_folds": s.cv_folds, "n_boot": s.n_boot, "templates": {r: len(v.templates) for r, v in relations.items()},
         "subjects": {r: len(stage.subjects_of(v)) for r, v in relations.items()}}, indent=2) + "\n", encoding="utf-8")
 
@@ -233,7 +253,7 @@ def markdown(result: dict) -> str:
               "", f"Reading ViComTe and CoDa: {m['data_seconds']:.1f} s; the differences' bootstraps after the last row "
               f"({m['comparisons']} comparisons): {m['differences_seconds']:.1f} s; total {m['total_seconds']:.1f} s "
               f"({m['total_seconds'] / 60:.1f} min).",
-              f"Peak RSS: the stage's process {rss['stage']:,.0f} MiB, its largest child (joblib worker) {rss['children']:,.0f} MiB.",
+              f"Peak RSS (each process its own VmHWM): the stage's process {rss['stage']:,.0f} MiB, its largest joblib worker {rss['children']:,.0f} MiB.",
               "", f"## Extrapolated to the paper profile's {x['rows']} rows (these relations)", "",
               "| kind | rows | s per row (measured) |", "| --- | --- | --- |"]
     lines += [f"| {k} | {v['rows']} | {cell(v['seconds_per_row'])} |" for k, v in x["kinds"].items()]
