@@ -14,14 +14,17 @@ as `xdbert rehearse` runs it, so that the peak memory is the stage's own and not
 
 Reported per row: seconds loading, computing the linear probe's features (the encoder's forward passes), running
 the cloze (ViComTe's and CoDa's, where the row has a head) and the rest (the linear probes' fits); the differences'
-paired bootstraps after the last row; the peak RSS of the stage's process and of its largest child (joblib's
-workers, which fit the templates), each its own VmHWM: getrusage's ru_maxrss would count, in a forked child, the
-parent's RSS it started from (so in this child process the parent's too), and joblib's workers, reaped when idle
-(300 s), would not all be there at the end, so they are read after each row's fits. On a subset of the rows, an extrapolation to all of them: each row of the profile costs
-what the measured rows of its kind did (a base or large encoder, with or without an MLM head, CLIP-T, the
-reference), the bootstraps what they did per comparison.
+paired bootstraps after the last row; the peak RSS of the stage's process and of its largest joblib worker (they
+fit the templates). Each is the process's own VmHWM: getrusage's ru_maxrss counts, in a forked child, the RSS of
+the parent it started from, and joblib reaps idle workers after 300 s, so the workers are read after each row's fits.
+
+On a subset of the rows, an extrapolation to all of them: each row of the profile costs what the measured rows of
+its kind did (a base or large encoder, with or without an MLM head, CLIP-T, the reference); an encoder without a
+head, where none of its kind was measured, what its size's rows with a head did less their cloze; the bootstraps
+what they did per comparison (an XD row and its baseline make one).
 
     python bench/probes_stage.py --representative         # one row of each kind, extrapolated to every row
+    python bench/probes_stage.py --only bert-b/baseline,bert-b/xdbert,electra-l/baseline,clip_t,bert-base-cased
     python bench/probes_stage.py --only bert-b/baseline --relations shape
     python bench/probes_stage.py --sizes tiny             # the quick check: tiny encoders, tiny ViComTe and CoDa
 
@@ -51,6 +54,7 @@ from provenance import code_version, describe  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = "measured.json"  # what the child process writes in the project folder
 REFERENCE_KEY, CODA_KEY = "probes.reference", "probes.coda_hub_id"
+HEAD = " with MLM head"  # in a kind of row: an encoder whose MLM head runs the cloze
 
 
 def load_stage():
@@ -73,7 +77,7 @@ def kind_of(row, p: dict) -> str:
         return "CLIP-T"
     if row.kind == "hub":
         return "reference (hub MLM)"
-    return f"{p['families'][row.family]['size']} encoder" + (" with MLM head" if row.head else "")
+    return f"{p['families'][row.family]['size']} encoder" + (HEAD if row.head else "")
 
 
 def chosen_rows(args, rows: list, p: dict) -> list:
@@ -216,24 +220,32 @@ def measure(args) -> None:
 # ----------------------------------------------------------------------------------------------------
 
 def extrapolate(measured: dict, all_rows: list, p: dict) -> dict:
-    """Every row of the profile at the mean wall seconds of the measured rows of its kind; the bootstraps at the
-    measured seconds per comparison. `missing`: kinds nothing measured (then no total)."""
+    """Every row of the profile at the mean wall seconds of the measured rows of its kind, or, for an encoder without
+    a head that none was measured of, of its size's rows with a head less their cloze (the same load, features and
+    fits); the bootstraps at the measured seconds per comparison. `missing`: kinds neither gives (then no total)."""
     from xdbert.reports.probes import comparisons
 
-    per_kind: dict[str, list[float]] = {}
+    measured_kinds: dict[str, list[dict]] = {}
     for r in measured["rows"]:
-        per_kind.setdefault(r["kind"], []).append(r["wall"])
-    kinds = Counter(kind_of(r, p) for r in all_rows)
-    missing = sorted(set(kinds) - set(per_kind))
+        measured_kinds.setdefault(r["kind"], []).append(r)
+    mean = lambda rows, less_cloze: sum(r["wall"] - less_cloze * r["cloze"] for r in rows) / len(rows)
+    kinds = {}
+    for kind, n in Counter(kind_of(r, p) for r in all_rows).items():
+        if kind in measured_kinds:
+            kinds[kind] = {"rows": n, "seconds_per_row": mean(measured_kinds[kind], False), "from": "measured"}
+        elif kind + HEAD in measured_kinds:
+            kinds[kind] = {"rows": n, "seconds_per_row": mean(measured_kinds[kind + HEAD], True),
+                           "from": f"{kind}{HEAD}, less the cloze"}
+        else:
+            kinds[kind] = {"rows": n, "seconds_per_row": None, "from": None}
+    missing = [k for k, v in kinds.items() if v["from"] is None]
     n_comparisons = len(comparisons([r.entry() for r in all_rows]))
     per_comparison = measured["differences_seconds"] / measured["comparisons"] if measured["comparisons"] else None
-    rows = {k: {"rows": n, "seconds_per_row": sum(per_kind[k]) / len(per_kind[k]) if k in per_kind else None}
-            for k, n in kinds.items()}
     differences = per_comparison * n_comparisons if per_comparison is not None else None
     total = None
     if not missing and differences is not None:
-        total = measured["data_seconds"] + differences + sum(v["rows"] * v["seconds_per_row"] for v in rows.values())
-    return {"rows": len(all_rows), "kinds": rows, "missing": missing, "comparisons": n_comparisons,
+        total = measured["data_seconds"] + differences + sum(v["rows"] * v["seconds_per_row"] for v in kinds.values())
+    return {"rows": len(all_rows), "kinds": kinds, "missing": missing, "comparisons": n_comparisons,
             "differences_seconds": differences, "total_seconds": total}
 
 
@@ -255,13 +267,13 @@ def markdown(result: dict) -> str:
               f"({m['total_seconds'] / 60:.1f} min).",
               f"Peak RSS (each process its own VmHWM): the stage's process {rss['stage']:,.0f} MiB, its largest joblib worker {rss['children']:,.0f} MiB.",
               "", f"## Extrapolated to the paper profile's {x['rows']} rows (these relations)", "",
-              "| kind | rows | s per row (measured) |", "| --- | --- | --- |"]
-    lines += [f"| {k} | {v['rows']} | {cell(v['seconds_per_row'])} |" for k, v in x["kinds"].items()]
+              "| kind | rows | s per row | from |", "| --- | --- | --- | --- |"]
+    lines += [f"| {k} | {v['rows']} | {cell(v['seconds_per_row'])} | {v['from'] or '-'} |" for k, v in x["kinds"].items()]
     if x["total_seconds"] is not None:
         lines += ["", f"Bootstraps of {x['comparisons']} comparisons: {x['differences_seconds']:.1f} s. Total: "
                   f"{x['total_seconds']:.0f} s ({x['total_seconds'] / 3600:.2f} h)."]
     else:
-        lines += ["", "No total: " + (f"no row measured of {', '.join(x['missing'])}" if x["missing"]
+        lines += ["", "No total: " + (f"no row measured that gives {', '.join(x['missing'])}" if x["missing"]
                                       else "no comparison measured, so no bootstrap time per comparison") + "."]
     return "\n".join(lines) + "\n"
 
