@@ -296,6 +296,7 @@ def main() -> None:
         measure(args)
         return
     from xdbert import rehearse
+    from xdbert.numerics import cpu_description
 
     p = paper_params()
     stage = load_stage()
@@ -312,7 +313,7 @@ def main() -> None:
         subprocess.run(child, cwd=project, env=env, check=True)
         measured = json.loads((project / MEASURED).read_text(encoding="utf-8"))
     result = {**code_version(), "command": shlex.join(["python", *sys.argv]), "sizes": args.sizes,
-              "machine": f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+              "machine": f"{cpu_description().get('model name', platform.machine())}, {len(os.sched_getaffinity(0))} cores",
               "load_average": load_average, "jobs": args.jobs, "relations": args.relations, "measured": measured,
               "extrapolated": extrapolate(measured, all_rows, p)}
     args.out.mkdir(parents=True, exist_ok=True)
