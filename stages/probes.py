@@ -132,33 +132,30 @@ def main() -> None:
 # Loading a row: its features and, where it has its own MLM head, its cloze
 # ----------------------------------------------------------------------------------------------------
 
+class EncoderHead(NamedTuple):
+    """An MLM as `vicomte_probe.mask_log_probs` reads it: its encoder, and the head trained on that encoder's output
+    (last_hidden_state -> vocabulary logits)."""
+
+    encoder: object
+    head: object
+
+
 class Loaded(NamedTuple):
     """A row's models, loaded: `features(texts)` -> (texts, d); `mlm` and `tokenizer` for the cloze, or None."""
 
     features: Callable[[Sequence[str]], "object"]
-    mlm: object | None = None
+    mlm: EncoderHead | None = None
     tokenizer: object | None = None
 
 
-class EncoderHead:
-    """An encoder and the MLM head trained on its output, read as `vicomte_probe.mask_log_probs` reads a
-    transformers MLM: `eval`, `parameters` and a call whose output has `.logits`."""
-
-    def __init__(self, encoder, head):
-        self.encoder, self.head = encoder, head
-
-    def eval(self) -> "EncoderHead":
-        self.encoder.eval()
-        self.head.eval()
-        return self
-
-    def parameters(self):
-        return self.encoder.parameters()
-
-    def __call__(self, **batch):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(logits=self.head(self.encoder(**batch).last_hidden_state))
+def hub_mlm(mlm, name: str) -> EncoderHead:
+    """A transformers MLM (`AutoModelForMaskedLM`) as its encoder and the one module beside it, the head its forward
+    applies to the encoder's output (BERT's `cls`, RoBERTa's `lm_head`)."""
+    heads = [module for module in mlm.children() if module is not mlm.base_model]
+    if len(heads) != 1:
+        raise PipelineError(f"the probes' reference `{name}` ({type(mlm).__name__}) has {len(heads)} modules beside its "
+                            f"encoder; the cloze reads an MLM whose head is one module (BERT, RoBERTa)")
+    return EncoderHead(mlm.base_model, heads[0])
 
 
 def load_row(row: Row) -> Loaded:
@@ -184,7 +181,7 @@ def load_row(row: Row) -> Loaded:
         tok = load_encoder_tokenizer(row.source)
         with hub_request(f"the probes' reference encoder `{row.source}`"), quiet_loading():
             mlm = AutoModelForMaskedLM.from_pretrained(source(row.source)).to(device)
-        return Loaded(partial(mean_token_features, mlm.base_model, tok, batch_size=BATCH_SIZE), mlm, tok)
+        return Loaded(partial(mean_token_features, mlm.base_model, tok, batch_size=BATCH_SIZE), hub_mlm(mlm, row.source), tok)
     tok = load_encoder_tokenizer(str(TOKENIZER))
     if row.head is None:
         with quiet_loading():
@@ -219,7 +216,7 @@ def cloze_scores(loaded: Loaded, texts: Sequence[str], token_ids) -> "object":
     """Class scores at the mask of each text, (texts, classes)."""
     from xdbert.analysis.vicomte_probe import class_scores, mask_log_probs
 
-    return class_scores(mask_log_probs(loaded.mlm, loaded.tokenizer, texts, BATCH_SIZE), token_ids)
+    return class_scores(mask_log_probs(loaded.mlm.encoder, loaded.mlm.head, loaded.tokenizer, texts, BATCH_SIZE), token_ids)
 
 
 def row_outputs(loaded: Loaded, relations: Mapping, coda_objects: Sequence) -> dict:

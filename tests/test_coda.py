@@ -24,7 +24,7 @@ LINE = ('{"class_id":"\\/m\\/0k5j","display_name":"Aircraft","ngram":"aircraft",
 @pytest.fixture
 def folder(tmp_path) -> Path:
     out = tmp_path / "coda"
-    mirror.write_coda(out, LAYOUT, 0)
+    mirror.write_coda(out, LAYOUT, 0, "tiny")
     return out
 
 
@@ -43,7 +43,7 @@ def test_a_line_of_the_authors_export_reads_as_written(folder, tmp_path):
 def test_the_mirrors_files_load_through_the_pinned_snapshot(cache, tmp_path):  # noqa: F811
     revision = "c" * 40
     folder = snapshot(cache, HUB_ID, "dataset", revision)
-    mirror.write_coda(folder, LAYOUT, 0)
+    mirror.write_coda(folder, LAYOUT, 0, "tiny")
     pin(Path("hub.lock.json"), HUB_ID, "dataset", revision)
     assert sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()) == sorted(
         [*LAYOUT["files"], *LAYOUT["data_files"].values()])
@@ -99,3 +99,11 @@ def test_a_bad_file_is_one_line_naming_it(folder, tmp_path, case):
     with pytest.raises(PipelineError, match=message) as e:
         read(folder, tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_the_paper_sized_mirror_has_codas_objects_per_split(tmp_path):
+    mirror.write_coda(tmp_path / "coda", LAYOUT, 0, "paper")
+    splits = read(tmp_path / "coda", tmp_path)
+    objects = {split: {r.class_id for r in rows} for split, rows in splits.items()}
+    assert {split: len(ids) for split, ids in objects.items()} == LAYOUT["objects"] == {"train": 311, "validation": 103, "test": 107}
+    assert len({r.ngram for rows in splits.values() for r in rows}) == sum(LAYOUT["objects"].values())

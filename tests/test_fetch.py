@@ -63,7 +63,7 @@ def hand_files(root: Path) -> None:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
     for relation in vicomte.RELATIONS:
-        mirror.write_vicomte(root / VICOMTE, relation, 0)
+        mirror.write_vicomte(root / VICOMTE, relation, 0, "tiny")
 
 
 def test_the_paper_profile_names_its_hub_assets_and_the_embedded_one_none():

@@ -53,8 +53,8 @@ def test_the_rows_are_table_1_table_3_clip_the_reference_and_the_caption_control
 def inputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("probes")
     for relation in RELATIONS:
-        mirror.write_vicomte(folder / "vicomte", relation, seed=0)
-    mirror.write_coda(folder / "coda", mirror.dataset_layout("corypaik/coda"), seed=0)
+        mirror.write_vicomte(folder / "vicomte", relation, seed=0, sizes="tiny")
+    mirror.write_coda(folder / "coda", mirror.dataset_layout("corypaik/coda"), seed=0, sizes="tiny")
     return {r: load_relation(folder / "vicomte", r) for r in RELATIONS}, read_coda(folder / "coda", str(folder / "cache"))
 
 
@@ -86,7 +86,7 @@ def tiny_loader(tok):
                                         batch_size=8))
         if row.kind == "hub":
             mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), **small))
-            return stage.Loaded(partial(mean_token_features, mlm.base_model, tok, batch_size=8), mlm, tok)
+            return stage.Loaded(partial(mean_token_features, mlm.base_model, tok, batch_size=8), stage.hub_mlm(mlm, "b"), tok)
         if row.head:
             full = XDBertModel.build(XDBertConfig(encoder="random:bert", vocab_size=len(tok), clip="xdbert-tiny",
                                                   cross_layers=0, losses=["mlm"], encoder_config=small))

@@ -26,7 +26,7 @@ def folder(tmp_path) -> Path:
     """ViComTe's three relations as the rehearsal's mirror writes them, under inputs/vicomte."""
     out = tmp_path / "inputs" / "vicomte"
     for relation in vicomte.RELATIONS:
-        mirror.write_vicomte(out, relation, 0)
+        mirror.write_vicomte(out, relation, 0, "tiny")
     return out
 
 
@@ -71,6 +71,21 @@ def test_the_mirrors_relations_load_whole(folder):
         assert len({e.obj for e in r.splits["all"]["train"]}) >= 2  # a classifier needs two classes
         assert all(t.count("[X]") == t.count("[Y]") == 1 for t in r.templates)
 
+
+
+def test_the_paper_sized_mirror_has_the_real_files_sizes_and_loads_whole(tmp_path):
+    """`--sizes paper` (bench/probes_stage.py times the probes on it): the real examples per group and split and 7
+    templates per relation (../shared/PROBES.md), distinct subjects, the single group's objects among all groups',
+    every class an `obj` somewhere."""
+    for relation in vicomte.RELATIONS:
+        mirror.write_vicomte(tmp_path, relation, 0, "paper")
+        r = vicomte.load_relation(tmp_path, relation)
+        assert {g: {s: len(rows) for s, rows in split.items()} for g, split in r.splits.items()} == mirror.VICOMTE_PAPER_ROWS[relation]
+        assert len(r.templates) == 7 and all(t.count("[X]") == t.count("[Y]") == 1 for t in r.templates)
+        every = [e for rows in r.splits["all"].values() for e in rows]
+        assert len({e.sub for e in every}) == len(every) == len(r.distributions)
+        assert {e for rows in r.splits["single"].values() for e in rows} <= set(every)
+        assert {e.obj for e in every} == set(r.classes)
 
 def test_a_file_is_located_by_its_path(folder):
     for relation in vicomte.RELATIONS:
@@ -162,7 +177,7 @@ def test_the_first_stage_stops_on_a_bad_vicomte_file_and_writes_nothing(folder, 
     root = folder.parents[1]
     monkeypatch.chdir(root)
     p = values("paper")
-    mirror.write_inputs(p, root)  # CommonLit and COCO; ViComTe's are there already
+    mirror.write_inputs(p, root, "tiny")  # CommonLit and COCO; ViComTe's are there already
     rewrite(path_of(folder, "all/test", "shape"), set_line(0, {"sub": "kite", "obj": "teal", "alt": "star"}))
     (root / "params.yaml").write_text(yaml.safe_dump(p))
     monkeypatch.setattr(sys, "argv", ["stages/corpus.py"])

@@ -186,15 +186,15 @@ def test_majority_class_and_the_class_prior():
 # the zero-shot cloze
 # ----------------------------------------------------------------------------------------------------
 
-class FixedMLM(torch.nn.Module):
-    """A fake MLM: the same logits at every position of every text."""
+class FixedEncoder(torch.nn.Module):
+    """A fake encoder: the same state at every position of every text; with an identity head, the same logits."""
 
     def __init__(self, logits):
         super().__init__()
         self.logits = torch.nn.Parameter(torch.as_tensor(logits, dtype=torch.float32), requires_grad=False)
 
     def forward(self, input_ids, **_):
-        return SimpleNamespace(logits=self.logits.expand(*input_ids.shape, -1))
+        return SimpleNamespace(last_hidden_state=self.logits.expand(*input_ids.shape, -1))
 
 
 def probabilities(tok, p: dict[str, float]) -> np.ndarray:
@@ -208,15 +208,32 @@ def probabilities(tok, p: dict[str, float]) -> np.ndarray:
 def test_the_cloze_pools_synonyms_by_their_summed_probability(uncased):
     """red's one word has 0.30 at the mask, blue's two 0.20 + 0.15: blue wins only because its synonyms pool."""
     probs = probabilities(uncased, {"red": 0.30, "blue": 0.20, "navy": 0.15, "white": 0.10})
-    model = FixedMLM(np.log(probs))
+    model = FixedEncoder(np.log(probs))
     texts = V.cloze_texts("the color of the [X] is [Y] .", ["van", "pine tree"], uncased.mask_token)
-    log_probs = V.mask_log_probs(model, uncased, texts, batch_size=1)
+    log_probs = V.mask_log_probs(model, torch.nn.Identity(), uncased, texts, batch_size=1)
     np.testing.assert_allclose(log_probs, np.log(probs)[None].repeat(2, 0), atol=1e-5)
     words = {"blue": ["blue", "navy"], "red": ["red"], "white": ["white"]}
     scores = V.class_scores(log_probs, V.class_token_ids(uncased, words))
     np.testing.assert_allclose(np.exp(scores[0]), [0.35, 0.30, 0.10], rtol=1e-5)
     with pytest.raises(ValueError, match=r"one \[MASK\]"):
-        V.mask_log_probs(model, uncased, ["no mask here ."], batch_size=1)
+        V.mask_log_probs(model, torch.nn.Identity(), uncased, ["no mask here ."], batch_size=1)
+
+
+def test_the_head_at_the_masks_alone_scores_as_the_whole_mlm_at_every_position(uncased):
+    """The head runs only at the mask positions: the log-probabilities of the MLM's own forward (its head at every
+    position of padded batches), at the masks, to float precision."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    mlm = BertForMaskedLM(BertConfig(vocab_size=len(uncased), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32)).eval()
+    texts = V.cloze_texts("the color of the [X] is [Y] .", ["van", "pine tree", "old red fire engine"], uncased.mask_token)
+    batch = uncased(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        every_position = mlm(**batch).logits[batch["input_ids"] == uncased.mask_token_id]
+    want = torch.log_softmax(every_position.double(), dim=-1).numpy()
+    got = V.mask_log_probs(mlm.bert, mlm.cls, uncased, texts, batch_size=2)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
 def test_synonyms_sharing_a_first_subword_count_once(uncased):

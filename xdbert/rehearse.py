@@ -99,7 +99,7 @@ def prepare(out: Path, sizes: str, say: Callable[[str], None] = print) -> dict:
         "rehearsal": f"NOT the hub's commits: an offline mirror with random weights ({sizes} sizes) that `xdbert "
                      f"rehearse` wrote into {CACHE}/hub; this lock lives only in this folder",
         "assets": entries})
-    for path in write_inputs(p, out):
+    for path in write_inputs(p, out, sizes):
         say(f"{path.relative_to(out)}: rehearsal stand-in, in the real format")
     return p
 

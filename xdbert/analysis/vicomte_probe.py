@@ -318,23 +318,25 @@ def _one_template(train_x, train_y, train_dist, test_x, test_y, test_dist, n_fol
 # The zero-shot cloze
 # ----------------------------------------------------------------------------------------------------
 
-def mask_log_probs(model, tokenizer, texts: Sequence[str], batch_size: int) -> np.ndarray:
-    """Log-softmax over the vocabulary at each text's one mask token, (texts, vocab) float64, from a
-    transformers MLM (`AutoModelForMaskedLM`, or any module whose output has `.logits` (B, L, vocab)).
-    ValueError unless each text holds the mask token exactly once. The model is put in eval mode."""
+def mask_log_probs(encoder, head, tokenizer, texts: Sequence[str], batch_size: int) -> np.ndarray:
+    """Log-softmax over the vocabulary at each text's one mask token, (texts, vocab) float64, from an MLM as its
+    encoder (a transformers encoder: its output's `last_hidden_state`) and its head (states (n, d) -> vocabulary
+    logits (n, vocab)). The head runs at the masks alone: at every position its vocabulary logits would be most of
+    the cloze's cost. ValueError unless each text holds the mask token exactly once. Both are put in eval mode."""
     import torch
 
+    head.eval()
     out = []
     with torch.no_grad():
-        for chunk in _chunks(model, texts, batch_size):
+        for chunk in _chunks(encoder, texts, batch_size):
             batch = tokenizer(chunk, padding=True, return_tensors="pt")
             at_mask = batch["input_ids"] == tokenizer.mask_token_id
             for count, text in zip(at_mask.sum(1).tolist(), chunk):
                 if count != 1:
                     raise ValueError(f"a cloze text needs one {tokenizer.mask_token}; {text!r} has {count}")
-            batch = {k: v.to(_device(model)) for k, v in batch.items()}
-            logits = model(**batch).logits[at_mask.to(_device(model))]            # (B, vocab), row order kept
-            out.append(torch.log_softmax(logits.double(), dim=-1).cpu().numpy())
+            batch = {k: v.to(_device(encoder)) for k, v in batch.items()}
+            states = encoder(**batch).last_hidden_state[at_mask.to(_device(encoder))]  # (B, d), row order kept
+            out.append(torch.log_softmax(head(states).double(), dim=-1).cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, len(tokenizer)))
 
 

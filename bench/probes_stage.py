@@ -1,0 +1,326 @@
+"""The `probes` stage's time and peak memory at the paper's sizes, random weights, through the stage's own code.
+
+The rows are the paper profile's (`stages/probes.py` `read`), each loaded by the stage's `load_row` and probed by
+its `probe` with the profile's `probes` settings (cv_folds, n_boot) and `--jobs` cores, on ViComTe and CoDa at
+their real sizes (xdbert.mirror's `--sizes paper`: made-up subjects and templates, the real counts).
+
+First it writes, in a temporary project folder (the stage reads every path relative to the cwd), what the stage
+reads there, with random weights at the released configs: each row's adapted encoder (models/adapted, by
+`save_adapted`), the MLM heads of the baselines and the caption control (models/crossmodal, by `save_full`: the
+family's encoder, no cross layers, the MLM loss), CLIP ViT-B-32's text tower (models/pretrain_clip),
+bert-base-uncased's WordPiece (models/tokenizer), ViComTe's files, and a hub mirror of CoDa and the reference
+encoder that the folder's hub.lock.json pins. Then the stage runs in a child process, offline against that mirror
+as `xdbert rehearse` runs it, so that the peak memory is the stage's own and not the writing's.
+
+Reported per row: seconds loading, computing the linear probe's features (the encoder's forward passes), running
+the cloze (ViComTe's and CoDa's, where the row has a head) and the rest (the linear probes' fits); the differences'
+paired bootstraps after the last row; the peak RSS of the stage's process and of its largest joblib worker (they
+fit the templates). Each is the process's own VmHWM: getrusage's ru_maxrss counts, in a forked child, the RSS of
+the parent it started from, and joblib reaps idle workers after 300 s, so the workers are read after each row's fits.
+
+On a subset of the rows, an extrapolation to all of them: each row of the profile costs what the measured rows of
+its kind did (a base or large encoder, with or without an MLM head, CLIP-T, the reference); an encoder without a
+head, where none of its kind was measured, what its size's rows with a head did less their cloze; the bootstraps
+what they did per comparison (an XD row and its baseline make one).
+
+    python bench/probes_stage.py --representative         # one row of each kind, extrapolated to every row
+    python bench/probes_stage.py --only bert-b/baseline,bert-b/xdbert,electra-l/baseline,clip_t,bert-base-cased
+    python bench/probes_stage.py --only bert-b/baseline --relations shape
+    python bench/probes_stage.py --sizes tiny             # the quick check: tiny encoders, tiny ViComTe and CoDa
+
+Writes bench/results/probes_stage.md and .json (or under --out).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import xdbert  # noqa: F401  (first: it fixes the CPU kernels and threads before torch and numpy load, as in the stage)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import code_version, describe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = "measured.json"  # what the child process writes in the project folder
+REFERENCE_KEY, CODA_KEY = "probes.reference", "probes.coda_hub_id"
+HEAD = " with MLM head"  # in a kind of row: an encoder whose MLM head runs the cloze
+
+
+def load_stage():
+    """stages/probes.py (stages/ is no package)."""
+    spec = importlib.util.spec_from_file_location("stage_probes", ROOT / "stages" / "probes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def paper_params() -> dict:
+    from xdbert import profiles
+
+    return profiles.values("paper")
+
+
+def kind_of(row, p: dict) -> str:
+    """What a row costs like: CLIP-T, the reference, or a family's encoder by its size, with or without an MLM head."""
+    if row.kind == "clip":
+        return "CLIP-T"
+    if row.kind == "hub":
+        return "reference (hub MLM)"
+    return f"{p['families'][row.family]['size']} encoder" + (HEAD if row.head else "")
+
+
+def chosen_rows(args, rows: list, p: dict) -> list:
+    """The rows `--only` names, or the first of each kind (`--representative`), or all, in the profile's order."""
+    if args.only:
+        names = args.only.split(",")
+        unknown = sorted(set(names) - {r.name for r in rows})
+        if unknown:
+            raise SystemExit(f"unknown rows {unknown}; the paper profile's: {', '.join(r.name for r in rows)}")
+        return [r for r in rows if r.name in names]
+    if args.representative:
+        first = {}
+        for r in rows:
+            first.setdefault(kind_of(r, p), r)
+        return [r for r in rows if r in first.values()]
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------
+# The project folder: what the stage reads, random weights at the released configs
+# ----------------------------------------------------------------------------------------------------
+
+def write_project(project: Path, rows: list, relations: list[str], sizes: str, p: dict, say) -> None:
+    from transformers import AutoTokenizer
+
+    from xdbert import io, mirror, rehearse
+    from xdbert.data.probes import ProbesSettings
+    from xdbert.model.clip_tower import CLIPTextTower, clip_uses_quick_gelu
+    from xdbert.model.modeling import XDBertConfig, XDBertModel
+    from xdbert.model.saving import save_adapted, save_clip_tower, save_full
+    from xdbert.model.settings import ModelSettings
+    from xdbert.paths import PRETRAIN_CLIP, TOKENIZER
+
+    s = ProbesSettings.from_params(p)
+    model = ModelSettings.from_params(p)
+    encoders = project / "encoders"  # the hub's encoders as xdbert.mirror writes them
+    # models/tokenizer as dual_tokenize leaves it: `model.encoder`'s tokenizer, saved
+    mirror.write_encoder(encoders / model.encoder, model.encoder, sizes, model.seed)
+    AutoTokenizer.from_pretrained(str(encoders / model.encoder)).save_pretrained(str(project / TOKENIZER))
+    for family in dict.fromkeys(r.family for r in rows if r.family):
+        repo = ModelSettings.from_params(p, family).encoder
+        if not (encoders / repo).is_dir():
+            mirror.write_encoder(encoders / repo, repo, sizes, model.seed)
+        # every row of the family: its encoder, and an MLM head on it (no cross layers), as the baseline saves it
+        full = XDBertModel.build(XDBertConfig(encoder=str(encoders / repo), clip=model.clip, cross_layers=0, losses=["mlm"]))
+        for r in rows:
+            if r.family == family:
+                save_adapted(full, project / r.source, project / TOKENIZER)
+                if r.head:
+                    save_full(full, project / r.head)
+        say(f"{family}: {repo} ({sizes}), random weights, saved for its rows")
+    if any(r.kind == "clip" for r in rows):
+        quick_gelu = clip_uses_quick_gelu(model.clip, model.clip_pretrained)
+        save_clip_tower(CLIPTextTower.build(model.clip, "", quick_gelu), project / PRETRAIN_CLIP, model.clip, model.clip_pretrained)
+    for relation in relations:
+        mirror.write_vicomte(project / s.vicomte_dir, relation, model.seed, sizes)
+    keys = {CODA_KEY} | ({REFERENCE_KEY} if any(r.kind == "hub" for r in rows) else set())
+    entries = mirror.build_mirror(p, project / rehearse.CACHE / "hub", sizes, say, keys=keys)
+    io.write_json(project / "hub.lock.json", {"profile": p["profile"], "assets": entries})
+
+
+# ----------------------------------------------------------------------------------------------------
+# The child process: the stage's computation, timed row by row
+# ----------------------------------------------------------------------------------------------------
+
+def peak_mib(pid: int | str) -> float:
+    """Process `pid`'s own peak RSS (VmHWM: its memory since its exec), 0 if it has ended."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) / 1024
+
+
+def children_peak_mib() -> float:
+    """The largest own peak RSS among this process's live children (joblib's workers)."""
+    me, peaks = os.getpid(), [0.0]
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                peaks.append(peak_mib(d.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended while listed
+    return max(peaks)
+
+
+def measure(args) -> None:
+    """In the project folder (the cwd): the stage's `probe` on the chosen rows; writes MEASURED."""
+    from xdbert.data.coda import load_coda
+    from xdbert.data.probes import ProbesSettings
+    from xdbert.data.vicomte import load_relation
+    from xdbert.reports.probes import comparisons
+
+    stage = load_stage()
+    p = paper_params()
+    s = ProbesSettings.from_params(p)
+    rows = chosen_rows(args, stage.read(p).rows, p)
+    start = time.perf_counter()
+    relations = {r: load_relation(s.vicomte_dir, r) for r in args.relations}
+    coda = load_coda(s.coda_hub_id)
+    data_seconds = time.perf_counter() - start
+    times, current, workers = {}, {}, [0.0]
+
+    def timed(kind: str, f):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                times[current["row"]][kind] += time.perf_counter() - t
+        return call
+
+    def load(row):
+        current.update(row=row.name, start=time.perf_counter())
+        times[row.name] = {"load": 0.0, "features": 0.0, "cloze": 0.0}
+        loaded = timed("load", stage.load_row)(row)
+        return loaded._replace(features=timed("features", loaded.features))
+
+    def say(line: str) -> None:
+        t = times[current["row"]]
+        t["wall"] = time.perf_counter() - current["start"]
+        t["rest"] = t["wall"] - t["load"] - t["features"] - t["cloze"]
+        workers.append(children_peak_mib())  # the row's fits are done; its workers are still there
+        print(f"{line} ({t['wall']:.1f} s)", flush=True)
+
+    stage.cloze_scores = timed("cloze", stage.cloze_scores)  # the stage's own, timed: row_outputs calls it by name
+    results = stage.probe(rows, load, relations, coda, cv_folds=s.cv_folds, n_boot=s.n_boot, jobs=args.jobs, say=say)
+    total = time.perf_counter() - start
+    Path(MEASURED).write_text(json.dumps({
+        "rows": [{"name": r.name, "kind": kind_of(r, p), **times[r.name]} for r in rows],
+        "data_seconds": data_seconds, "differences_seconds": total - data_seconds - sum(t["wall"] for t in times.values()),
+        "comparisons": len(comparisons(results["models"])), "total_seconds": total,
+        "peak_rss_mib": {"stage": peak_mib("self"), "children": max(workers)},
+        "cv_folds": s.cv_folds, "n_boot": s.n_boot, "templates": {r: len(v.templates) for r, v in relations.items()},
+        "subjects": {r: len(stage.subjects_of(v)) for r, v in relations.items()}}, indent=2) + "\n", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The parent: the project, the child, the extrapolation and the report
+# ----------------------------------------------------------------------------------------------------
+
+def extrapolate(measured: dict, all_rows: list, p: dict) -> dict:
+    """Every row of the profile at the mean wall seconds of the measured rows of its kind, or, for an encoder without
+    a head that none was measured of, of its size's rows with a head less their cloze (the same load, features and
+    fits); the bootstraps at the measured seconds per comparison. `missing`: kinds neither gives (then no total)."""
+    from xdbert.reports.probes import comparisons
+
+    measured_kinds: dict[str, list[dict]] = {}
+    for r in measured["rows"]:
+        measured_kinds.setdefault(r["kind"], []).append(r)
+    mean = lambda rows, less_cloze: sum(r["wall"] - less_cloze * r["cloze"] for r in rows) / len(rows)
+    kinds = {}
+    for kind, n in Counter(kind_of(r, p) for r in all_rows).items():
+        if kind in measured_kinds:
+            kinds[kind] = {"rows": n, "seconds_per_row": mean(measured_kinds[kind], False), "from": "measured"}
+        elif kind + HEAD in measured_kinds:
+            kinds[kind] = {"rows": n, "seconds_per_row": mean(measured_kinds[kind + HEAD], True),
+                           "from": f"{kind}{HEAD}, less the cloze"}
+        else:
+            kinds[kind] = {"rows": n, "seconds_per_row": None, "from": None}
+    missing = [k for k, v in kinds.items() if v["from"] is None]
+    n_comparisons = len(comparisons([r.entry() for r in all_rows]))
+    per_comparison = measured["differences_seconds"] / measured["comparisons"] if measured["comparisons"] else None
+    differences = per_comparison * n_comparisons if per_comparison is not None else None
+    total = None
+    if not missing and differences is not None:
+        total = measured["data_seconds"] + differences + sum(v["rows"] * v["seconds_per_row"] for v in kinds.values())
+    return {"rows": len(all_rows), "kinds": kinds, "missing": missing, "comparisons": n_comparisons,
+            "differences_seconds": differences, "total_seconds": total}
+
+
+def markdown(result: dict) -> str:
+    m, x = result["measured"], result["extrapolated"]
+    cell = lambda v: f"{v:.1f}" if v else "-"
+    lines = [f"# The probes stage's time and peak memory, {result['sizes']} sizes, random weights", "",
+             f"`{result['command']}`. {describe(result)}", "",
+             f"{result['machine']}; {result['jobs']} jobs (joblib's template fits); load average {result['load_average']} "
+             f"at the start. Relations {', '.join(result['relations'])}: subjects {m['subjects']}, templates "
+             f"{m['templates']}; {m['cv_folds']}-fold template choice, {m['n_boot']} bootstrap resamples.", "",
+             "| row | kind | load s | features s | cloze s | rest (probe fits) s | wall s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['name']} | {r['kind']} | {r['load']:.1f} | {r['features']:.1f} | {cell(r['cloze'])} | {r['rest']:.1f} | "
+              f"{r['wall']:.1f} |" for r in m["rows"]]
+    rss = m["peak_rss_mib"]
+    lines += ["", "The first row also pays what the stage pays once: its load the imports, its rest joblib's workers starting.",
+              "", f"Reading ViComTe and CoDa: {m['data_seconds']:.1f} s; the differences' bootstraps after the last row "
+              f"({m['comparisons']} comparisons): {m['differences_seconds']:.1f} s; total {m['total_seconds']:.1f} s "
+              f"({m['total_seconds'] / 60:.1f} min).",
+              f"Peak RSS (each process its own VmHWM): the stage's process {rss['stage']:,.0f} MiB, its largest joblib worker {rss['children']:,.0f} MiB.",
+              "", f"## Extrapolated to the paper profile's {x['rows']} rows (these relations)", "",
+              "| kind | rows | s per row | from |", "| --- | --- | --- | --- |"]
+    lines += [f"| {k} | {v['rows']} | {cell(v['seconds_per_row'])} | {v['from'] or '-'} |" for k, v in x["kinds"].items()]
+    if x["total_seconds"] is not None:
+        lines += ["", f"Bootstraps of {x['comparisons']} comparisons: {x['differences_seconds']:.1f} s. Total: "
+                  f"{x['total_seconds']:.0f} s ({x['total_seconds'] / 3600:.2f} h)."]
+    else:
+        lines += ["", "No total: " + (f"no row measured that gives {', '.join(x['missing'])}" if x["missing"]
+                                      else "no comparison measured, so no bootstrap time per comparison") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    from xdbert.data.vicomte import RELATIONS
+    from xdbert.mirror import SIZES
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", choices=SIZES, default="paper", help="tiny: the mirror's tiny encoders, ViComTe and CoDa")
+    ap.add_argument("--only", default="", help="comma-separated row names (default: every row)")
+    ap.add_argument("--representative", action="store_true", help="the first row of each kind")
+    ap.add_argument("--relations", default=",".join(RELATIONS))
+    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="the stage's `jobs` (default: the cores it may use)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # the child process, in the project folder
+    args = ap.parse_args()
+    args.relations = args.relations.split(",")
+    if args.measure:
+        measure(args)
+        return
+    from xdbert import rehearse
+    from xdbert.numerics import cpu_description
+
+    p = paper_params()
+    stage = load_stage()
+    all_rows = stage.read(p).rows
+    rows = chosen_rows(args, all_rows, p)
+    load_average = round(os.getloadavg()[0], 2)
+    with tempfile.TemporaryDirectory(prefix="probes-bench-") as tmp:
+        project = Path(tmp)
+        write_project(project, rows, args.relations, args.sizes, p, say=lambda line: print(line, flush=True))
+        env = rehearse.offline_env(project)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env["PYTHONPATH"]])  # this checkout's code, not an installed copy
+        child = [sys.executable, str(Path(__file__).resolve()), "--measure", "--only", ",".join(r.name for r in rows),
+                 "--relations", ",".join(args.relations), "--jobs", str(args.jobs)]
+        subprocess.run(child, cwd=project, env=env, check=True)
+        measured = json.loads((project / MEASURED).read_text(encoding="utf-8"))
+    result = {**code_version(), "command": shlex.join(["python", *sys.argv]), "sizes": args.sizes,
+              "machine": f"{cpu_description().get('model name', platform.machine())}, {len(os.sched_getaffinity(0))} cores",
+              "load_average": load_average, "jobs": args.jobs, "relations": args.relations, "measured": measured,
+              "extrapolated": extrapolate(measured, all_rows, p)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "probes_stage.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (args.out / "probes_stage.md").write_text(markdown(result), encoding="utf-8")
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
