@@ -25,8 +25,8 @@ from the loaders' constants, so the loaders meet the layouts they will meet on t
   templates; `--sizes paper`: the real objects per split), the ClassLabel columns as ids, beside placeholders of its
   loading script and cards;
 - the hand-provided files (CommonLit's train.csv, COCO's captions, ViComTe's files under `probes.vicomte_dir`) in
-  their real formats, with made-up rows (`--sizes paper`: ViComTe's real examples per split and templates per
-  relation, so bench/probes_stage.py times the probes at the paper's sizes).
+  their real formats, with made-up rows (`write_inputs`' sizes "paper": ViComTe's real examples per split and
+  templates per relation, which bench/probes_stage.py times; `xdbert rehearse` writes them small at both sizes).
 
 The mirror is not the hub: the weights are random, the text generated, and the repositories' other files
 (other frameworks' weights, which `xdbert fetch` skips) absent.

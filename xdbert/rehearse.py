@@ -99,7 +99,9 @@ def prepare(out: Path, sizes: str, say: Callable[[str], None] = print) -> dict:
         "rehearsal": f"NOT the hub's commits: an offline mirror with random weights ({sizes} sizes) that `xdbert "
                      f"rehearse` wrote into {CACHE}/hub; this lock lives only in this folder",
         "assets": entries})
-    for path in write_inputs(p, out, sizes):
+    # the hand-provided data stay small at both sizes: `--sizes paper` rehearses loading the models at their
+    # size; ViComTe at its own would make the probes stage hours long on a CPU (bench/probes_stage.py times that)
+    for path in write_inputs(p, out, "tiny"):
         say(f"{path.relative_to(out)}: rehearsal stand-in, in the real format")
     return p
 
