@@ -236,6 +236,8 @@ def study(plan: Plan, control_split: str, replication) -> tuple[dict, str]:
                        "bag-of-words": (bow_accuracy, bow_p)}, g),
              S.gate_d(claim, replication, g),
              S.gate_e(*counts, g)]
+    # the caption control reads the facts directly: whether even it shows them tells what a null D means
+    reference = diff(CAPTION_MLM, P.BASELINE, "F+") if CAPTION_MLM in correct else None
 
     settings = {"facts seed (`mechanism.seed`)": s.seed, "gates (`mechanism.gates`)": ", ".join(f"{k} {v}" for k, v in g.items()),
                 "probe objects": f"{len(objects)} captioned (train + dev_captioned), {s.sentences} neutral sentences",
@@ -246,7 +248,8 @@ def study(plan: Plan, control_split: str, replication) -> tuple[dict, str]:
                           "grounded-word set",
                 "replication (`mechanism.replication`)": s.replication or "not run"}
     result = {"profile": plan.profile, "enabled": True, "facts_seed": s.seed, "thresholds": dict(g),
-              "summary": S.summary(gates),
+              "summary": S.summary(gates, reference),
+              **({"upper_reference": M.interval_json(reference)} if reference else {}),
               "gates": {x.name: {"name": x.name, "state": x.state, "passed": x.passed, "numbers": x.numbers,
                                  **({"interval": M.interval_json(x.interval)} if x.interval else {})} for x in gates},
               "claim": M.claim_json(claim), "gate_e": dict(zip(("improved_f_plus", "improved_f0", "worsened_f_plus",
@@ -256,10 +259,10 @@ def study(plan: Plan, control_split: str, replication) -> tuple[dict, str]:
               "probe": {name: {"probe_layer": at[name]["layer"], "layers": rows_} for name, rows_ in probes.items()}}
     seeds = sorted({int(x) for x in preds[P.PROPOSED]["seed"].unique()})
     head = header("The mechanism study: do CLIP's facts reach the encoder?", plan.profile,
-                  ", ".join(plan.runs[VIS]), ", ".join(map(str, seeds))) + f"\n{S.summary(gates)}\n"
+                  ", ".join(plan.runs[VIS]), ", ".join(map(str, seeds))) + f"\n{S.summary(gates, reference)}\n"
     shown = {name: {k: v for k, v in r.items() if k != "correct"} for name, r in at.items()}
     notes = {CAPTION_MLM: "upper reference: the baseline's MLM and steps on the captions, where the facts are stated"}
-    return result, M.report_markdown(head, gates, rows, n, chance, bow, shown, settings, s.control_task, notes)
+    return result, M.report_markdown(head, gates, rows, n, chance, bow, shown, settings, s.control_task, notes, reference)
 
 
 if __name__ == "__main__":

@@ -167,6 +167,8 @@ def test_stage_writes_every_gate_with_its_numbers(clean, monkeypatch):
     # the caption control: a cells row and a probe row, each named the upper reference
     upper = "| caption_mlm (upper reference: the baseline's MLM and steps on the captions, where the facts are stated) |"
     assert md.count(upper) == 2 and set(result["cells"]["caption_mlm"]) == {"F+", "F0", "T=", "T!=", "control"}
+    ref = result["upper_reference"]  # caption_mlm - baseline on F+, which qualifies a null D's summary
+    assert ref["low"] <= ref["estimate"] <= ref["high"] and ref["method"]
     assert "| tower pretrain_clip |" in md and "| tower after adaptation, nofacts |" in md
     assert "| corpus (context words) |" in md and "majority class / chance" in md
     assert len(result["probe"]["pretrain_encoder"]["layers"]) == 2   # the embeddings and one layer, all in the JSON

@@ -250,6 +250,20 @@ def test_the_gates_table_and_its_summary():
                          "upper end is +0.07.")
 
 
+def test_a_null_d_says_whether_the_upper_reference_shows_the_facts():
+    """The caption control reads the facts directly: if even it does not beat the baseline, the null is not the recipe's."""
+    gates = records()
+    null = M.summary(gates)
+    assert M.summary(gates, None) == null
+    blind = M.summary(gates, iv(0.02, -0.08, 0.12))
+    assert blind.startswith(null) and "does not beat the baseline on F+ either (+0.02 [-0.08, +0.12])" in blind
+    assert "so the null says little about the recipe." in blind
+    seen = M.summary(gates, iv(0.30, 0.10, 0.45))
+    assert "beats the baseline on F+ by +0.30 [+0.10, +0.45]" in seen and seen.endswith("so the null is the recipe's.")
+    assert M.summary(records(d="PASS"), iv(0.02, -0.08, 0.12)).startswith("A-D pass")  # only a null D is qualified
+    assert M.gates_markdown(gates, iv(0.02, -0.08, 0.12)).splitlines()[-1] == blind
+
+
 @pytest.mark.parametrize("kw, start", [
     (dict(a=False), "A fails"), (dict(b=False), "A passes, B fails"), (dict(c=False), "C fails"),
     (dict(d="not replicated"), "A-C pass, D not replicated"), (dict(d="PASS"), "A-D pass")])

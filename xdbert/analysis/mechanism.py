@@ -165,14 +165,15 @@ def _cell(i: S.Interval) -> str:
 def report_markdown(head: str, gates: Sequence[S.Gate], rows: Mapping[str, Mapping[str, S.Interval]],
                     n: Mapping[str, str], chance: Mapping[str, tuple[float, float]], bow: Mapping,
                     probes: Mapping[str, dict], settings: Mapping, control_task: str,
-                    notes: Mapping[str, str] | None = None) -> str:
+                    notes: Mapping[str, str] | None = None, reference: S.Interval | None = None) -> str:
     """reports/mechanism.md: header, gates, the rows x columns cells, the probe at the cross layers' input,
     the settings, and the plain statement of a null D. `notes`: what a row is, after its name in both tables
-    (the caption control: the upper reference)."""
+    (the caption control: the upper reference); `reference`: the upper reference minus the baseline on F+
+    (`mechanism_stats.summary`)."""
     def named(label: str) -> str:
         return f"{label} ({notes[label]})" if notes and label in notes else label
 
-    out = [head, "## Gates", "", S.gates_markdown(gates)]
+    out = [head, "## Gates", "", S.gates_markdown(gates, reference)]
     d = next(g for g in gates if g.name == "D")
     if d.state == S.FAIL:
         out += [f"**D is null**: XDBERT does not beat `nofacts` on F+ as the claim needs; the F+ difference's "

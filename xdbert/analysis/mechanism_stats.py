@@ -293,8 +293,11 @@ def gate_e(improved_f_plus: int, improved_f0: int, worsened_f_plus: int, worsene
 # The report's gates table
 # ----------------------------------------------------------------------------------------------------
 
-def summary(records: Sequence[Gate]) -> str:
-    """The one sentence the design asks for: what the first failing gate of A-C means, else D's reading."""
+def summary(records: Sequence[Gate], reference: Interval | None = None) -> str:
+    """The one sentence the design asks for: what the first failing gate of A-C means, else D's reading.
+    With a null D, `reference` (the upper reference minus the baseline on F+: the caption-text control, which
+    reads the facts directly) says whether the null is the recipe's or the encoder and task cannot show the
+    facts at all."""
     by_name = {r.name: r for r in records}
     missing = [n for n in "ABCD" if n not in by_name]
     if missing:
@@ -311,12 +314,21 @@ def summary(records: Sequence[Gate]) -> str:
                 "the facts reassigned.")
     if d.passed:
         return "A-D pass: the recipe moved the facts into the encoder, again with the facts reassigned."
-    return (f"A-C pass, D null: the recipe did not move the facts into the encoder; the interval's upper end "
+    null = (f"A-C pass, D null: the recipe did not move the facts into the encoder; the interval's upper end "
             f"is {d.interval.high:+.2f}.")
+    if reference is None:
+        return null
+    shown = f"{reference.estimate:+.2f} [{reference.low:+.2f}, {reference.high:+.2f}]"
+    if reference.low > 0:
+        return (f"{null} The upper reference, the encoder trained on the captions that state the facts, beats the "
+                f"baseline on F+ by {shown}: the encoder and task can show the facts, so the null is the recipe's.")
+    return (f"{null} The upper reference, the encoder trained on the captions that state the facts, does not beat "
+            f"the baseline on F+ either ({shown}): the encoder and task do not show the facts even read directly, "
+            f"so the null says little about the recipe.")
 
 
-def gates_markdown(records: Sequence[Gate]) -> str:
+def gates_markdown(records: Sequence[Gate], reference: Interval | None = None) -> str:
     """The gates as a markdown table (gate, what it tests, PASS/FAIL, the numbers), then the summary."""
     lines = ["| gate | tests | result | numbers |", "|---|---|---|---|"]
     lines += [f"| {r.name} | {QUESTIONS[r.name]} | {r.state} | {r.numbers} |" for r in records]
-    return "\n".join(lines) + "\n\n" + summary(records) + "\n"
+    return "\n".join(lines) + "\n\n" + summary(records, reference) + "\n"
