@@ -88,17 +88,23 @@ def check_inputs(plan: Plan, control_split: str) -> None:
                                 + (" or fix `mechanism.replication`" if str(f) == plan.s.replication else ""))
 
 
-def replication_claim(path: str):
-    """Gate D's Claim on facts seed 1, from a results/mechanism.json this stage wrote; None where not run."""
+def replication_claim(path: str, seed: int):
+    """Gate D's Claim on other facts (seed 1), from a results/mechanism.json this stage wrote; None where not run.
+    A run on the study's own facts seed would replicate nothing: refused."""
     from xdbert.analysis.mechanism import claim_from_json
 
     if not path:
         return None
     try:
-        return claim_from_json(io.read_json(path)["claim"])
+        result = io.read_json(path)
+        claim, facts_seed = claim_from_json(result["claim"]), result["facts_seed"]
     except (KeyError, TypeError, ValueError) as e:
         raise PipelineError(f"`mechanism.replication`: {path} holds no claim of a mechanism stage run ({e!r}); name "
                             f"a results/mechanism.json of the study on facts seed 1, or \"\"") from None
+    if facts_seed == seed:
+        raise PipelineError(f"`mechanism.replication`: {path} is a run on facts seed {seed}, this study's own; D's "
+                            f"replication needs the facts reassigned (`mechanism.seed: 1`), or \"\"")
+    return claim
 
 
 def main() -> None:
@@ -116,7 +122,7 @@ def main() -> None:
 
     control_split = get_task(s.control_task).dev_splits[0]
     check_inputs(plan, control_split)
-    replication = replication_claim(s.replication)
+    replication = replication_claim(s.replication, s.seed)
     result, markdown = study(plan, control_split, replication)
     io.write_json(MECHANISM_METRICS, result)
     io.write_text(report("mechanism"), markdown)
