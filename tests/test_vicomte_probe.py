@@ -215,6 +215,11 @@ def test_the_cloze_pools_synonyms_by_their_summed_probability(uncased):
     words = {"blue": ["blue", "navy"], "red": ["red"], "white": ["white"]}
     scores = V.class_scores(log_probs, V.class_token_ids(uncased, words))
     np.testing.assert_allclose(np.exp(scores[0]), [0.35, 0.30, 0.10], rtol=1e-5)
+    # folded batch by batch, as the stage asks for it: the same class scores, without the vocabulary
+    folded = V.mask_log_probs(model, torch.nn.Identity(), uncased, texts, batch_size=1,
+                              classes=V.class_token_ids(uncased, words))
+    assert folded.shape == (2, 3)
+    np.testing.assert_allclose(folded, scores, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match=r"one \[MASK\]"):
         V.mask_log_probs(model, torch.nn.Identity(), uncased, ["no mask here ."], batch_size=1)
 

@@ -318,11 +318,15 @@ def _one_template(train_x, train_y, train_dist, test_x, test_y, test_dist, n_fol
 # The zero-shot cloze
 # ----------------------------------------------------------------------------------------------------
 
-def mask_log_probs(encoder, head, tokenizer, texts: Sequence[str], batch_size: int) -> np.ndarray:
+def mask_log_probs(encoder, head, tokenizer, texts: Sequence[str], batch_size: int,
+                   classes: Sequence[Sequence[int]] | None = None) -> np.ndarray:
     """Log-softmax over the vocabulary at each text's one mask token, (texts, vocab) float64, from an MLM as its
     encoder (a transformers encoder: its output's `last_hidden_state`) and its head (states (n, d) -> vocabulary
     logits (n, vocab)). The head runs at the masks alone: at every position its vocabulary logits would be most of
-    the cloze's cost. ValueError unless each text holds the mask token exactly once. Both are put in eval mode."""
+    the cloze's cost. With `classes` (per class its token ids, as `class_token_ids` gives them) each batch folds
+    into `class_scores` at once and (texts, classes) comes back: the whole vocabulary for every text would be
+    about 700 MB for one colour template at paper sizes. ValueError unless each text holds the mask token exactly
+    once. Both are put in eval mode."""
     import torch
 
     head.eval()
@@ -336,8 +340,10 @@ def mask_log_probs(encoder, head, tokenizer, texts: Sequence[str], batch_size: i
                     raise ValueError(f"a cloze text needs one {tokenizer.mask_token}; {text!r} has {count}")
             batch = {k: v.to(_device(encoder)) for k, v in batch.items()}
             states = encoder(**batch).last_hidden_state[at_mask.to(_device(encoder))]  # (B, d), row order kept
-            out.append(torch.log_softmax(head(states).double(), dim=-1).cpu().numpy())
-    return np.concatenate(out) if out else np.zeros((0, len(tokenizer)))
+            log_probs = torch.log_softmax(head(states).double(), dim=-1).cpu().numpy()
+            out.append(log_probs if classes is None else class_scores(log_probs, classes))
+    width = len(tokenizer) if classes is None else len(classes)
+    return np.concatenate(out) if out else np.zeros((0, width))
 
 
 def first_subword(tokenizer, word: str) -> int:
