@@ -214,9 +214,9 @@ def split_arrays(relation, group: str, split: str, index: Mapping[str, int]):
 
 def cloze_scores(loaded: Loaded, texts: Sequence[str], token_ids) -> "object":
     """Class scores at the mask of each text, (texts, classes)."""
-    from xdbert.analysis.vicomte_probe import class_scores, mask_log_probs
+    from xdbert.analysis.vicomte_probe import mask_log_probs
 
-    return class_scores(mask_log_probs(loaded.mlm.encoder, loaded.mlm.head, loaded.tokenizer, texts, BATCH_SIZE), token_ids)
+    return mask_log_probs(loaded.mlm.encoder, loaded.mlm.head, loaded.tokenizer, texts, BATCH_SIZE, classes=token_ids)
 
 
 def row_outputs(loaded: Loaded, relations: Mapping, coda_objects: Sequence) -> dict:
@@ -281,6 +281,17 @@ def differences(models: Sequence[dict], per_subject: Mapping[str, Mapping[str, "
     return out
 
 
+def check_folds(relations: Mapping, cv_folds: int) -> None:
+    """Every train split has at least `cv_folds` examples: the template chosen on train needs one per fold. Checked
+    before any row loads, so that a short file stops the stage at once and not after hours of forward passes."""
+    for name, rel in relations.items():
+        for group, splits in rel.splits.items():
+            if len(splits["train"]) < cv_folds:
+                raise PipelineError(f"ViComTe's {name} {group}/train has {len(splits['train'])} examples, fewer than the "
+                                    f"{cv_folds} folds of `probes.cv_folds`: give the whole split, or set probes.cv_folds "
+                                    f"between 2 and {max(2, len(splits['train']))}")
+
+
 def probe(rows: Sequence[Row], load: Callable[[Row], Loaded], relations: Mapping, coda: Mapping, *, cv_folds: int,
           n_boot: int, jobs: int, say: Callable[[str], None] = lambda line: None) -> dict:
     """The results dict of xdbert.reports.probes (its docstring) for `rows`, each loaded by `load` one at a
@@ -291,6 +302,7 @@ def probe(rows: Sequence[Row], load: Callable[[Row], Loaded], relations: Mapping
     from xdbert.analysis import vicomte_probe as V
     from xdbert.reports import probes as R
 
+    check_folds(relations, cv_folds)
     models = [r.entry() for r in rows]
     coda_objects = coda_test_objects(coda)
     vicomte, per_subject, splits = {}, {}, {}

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from conftest import load_stage
-from xdbert import mirror, profiles
+from xdbert import mirror, mirror_probes, profiles
 from xdbert.analysis.vicomte_probe import clip_text_features, mean_token_features
 from xdbert.data.coda import read_coda
 from xdbert.data.vicomte import RELATIONS, load_relation
+from xdbert.errors import PipelineError
 from xdbert.reports import probes as R
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -53,8 +54,8 @@ def test_the_rows_are_table_1_table_3_clip_the_reference_and_the_caption_control
 def inputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("probes")
     for relation in RELATIONS:
-        mirror.write_vicomte(folder / "vicomte", relation, seed=0, sizes="tiny")
-    mirror.write_coda(folder / "coda", mirror.dataset_layout("corypaik/coda"), seed=0, sizes="tiny")
+        mirror_probes.write_vicomte(folder / "vicomte", relation, seed=0, sizes="tiny")
+    mirror_probes.write_coda(folder / "coda", mirror.dataset_layout("corypaik/coda"), seed=0, sizes="tiny")
     return {r: load_relation(folder / "vicomte", r) for r in RELATIONS}, read_coda(folder / "coda", str(folder / "cache"))
 
 
@@ -102,6 +103,18 @@ ROWS = [stage.Row("f/baseline", "baseline", "f", "encoder", "-"), stage.Row("f/x
 CLOZE = {f"f/{CAPTION}", "bert-base-cased"}
 
 
+def test_a_train_split_shorter_than_the_folds_stops_before_any_row_loads(inputs):
+    """The tiny mirror's single-group train splits hold 8 examples: 9 folds cannot split them."""
+    relations, coda = inputs
+
+    def load(row):
+        raise AssertionError(f"{row.name} was loaded")
+
+    with pytest.raises(PipelineError, match=r"ViComTe's color single/train has 8 examples, fewer than the 9 folds of "
+                                            r"`probes.cv_folds`.* between 2 and 8"):
+        stage.probe(ROWS, load, relations, coda, cv_folds=9, n_boot=20, jobs=1)
+
+
 def test_every_row_and_column_lands_in_the_results_and_the_report(inputs, tokenizer):
     relations, coda = inputs
     results = stage.probe(ROWS, tiny_loader(tokenizer), relations, coda, cv_folds=2, n_boot=20, jobs=2)
@@ -115,13 +128,13 @@ def test_every_row_and_column_lands_in_the_results_and_the_report(inputs, tokeni
         r = results["vicomte"][relation]
         assert list(r["groupings"]) == ["all", "single"] and len(r["templates"]) == 3
         for grouping, g in r["groupings"].items():
-            assert g["n_test"] == mirror.VICOMTE_ROWS[grouping]["test"]
+            assert g["n_test"] == mirror_probes.VICOMTE_ROWS[grouping]["test"]
             assert list(g["linear"]) == names and set(g["zero_shot"]) == CLOZE
             for entry in g["linear"].values():
                 assert all(0 <= entry[c]["accuracy"] <= 1 for c in ("oracle", "chosen"))
             linear = {(d["a"], d["b"], d["column"]) for d in g["differences"]}
             assert linear == {(a, b, c) for a, b in wanted for c in R.VICOMTE_COLUMNS if c.startswith("linear")}
-    assert set(results["coda"]["rows"]) == CLOZE and results["coda"]["n_objects"] == mirror.CODA_OBJECTS["test"]
+    assert set(results["coda"]["rows"]) == CLOZE and results["coda"]["n_objects"] == mirror_probes.CODA_OBJECTS["test"]
     assert set(results["merged_classes"]) == CLOZE
     assert results["cv_folds"] == 2 and results["bootstrap"]["n_boot"] == 20
     text = R.render(results)
