@@ -1,5 +1,5 @@
 """CoDa's data files (xdbert.data.coda) in the hub repository's layout: a line as the authors' export writes it, the
-mirror's files (`mirror.write_coda`, from the record of the real layout) read through the pinned snapshot, and each
+mirror's files (`mirror_probes.write_coda`, from the record of the real layout) read through the pinned snapshot, and each
 bad file one `PipelineError` line naming the file and its line."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from test_fetch import cache, pin, snapshot  # noqa: F401  (cache: a fixture)
-from xdbert import mirror
+from xdbert import mirror, mirror_probes
 from xdbert.data import coda
 from xdbert.errors import PipelineError
 from xdbert.hub_layouts import DATASETS
@@ -24,7 +24,7 @@ LINE = ('{"class_id":"\\/m\\/0k5j","display_name":"Aircraft","ngram":"aircraft",
 @pytest.fixture
 def folder(tmp_path) -> Path:
     out = tmp_path / "coda"
-    mirror.write_coda(out, LAYOUT, 0, "tiny")
+    mirror_probes.write_coda(out, LAYOUT, 0, "tiny")
     return out
 
 
@@ -43,7 +43,8 @@ def test_a_line_of_the_authors_export_reads_as_written(folder, tmp_path):
 def test_the_mirrors_files_load_through_the_pinned_snapshot(cache, tmp_path):  # noqa: F811
     revision = "c" * 40
     folder = snapshot(cache, HUB_ID, "dataset", revision)
-    mirror.write_coda(folder, LAYOUT, 0, "tiny")
+    mirror_probes.write_coda(folder, LAYOUT, 0, "tiny")
+    mirror.write_placeholders(folder, LAYOUT["files"])
     pin(Path("hub.lock.json"), HUB_ID, "dataset", revision)
     assert sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()) == sorted(
         [*LAYOUT["files"], *LAYOUT["data_files"].values()])
@@ -51,7 +52,7 @@ def test_the_mirrors_files_load_through_the_pinned_snapshot(cache, tmp_path):  #
     assert list(splits) == list(LAYOUT["data_files"])
     for split, rows in splits.items():
         objects = {r.class_id for r in rows}
-        assert len(objects) == mirror.CODA_OBJECTS[split] and len(rows) == len(objects) * len(mirror.CODA_TEMPLATES)
+        assert len(objects) == mirror_probes.CODA_OBJECTS[split] and len(rows) == len(objects) * 4
         assert all(len(r.label) == len(coda.COLORS) and abs(sum(r.label) - 1) < 1e-4 for r in rows)
         assert {r.template_group for r in rows} == set(coda.TEMPLATE_GROUPS)
         assert all(("[MASK]" in r.text) == (r.template_group == "text-masked") for r in rows)
@@ -102,8 +103,14 @@ def test_a_bad_file_is_one_line_naming_it(folder, tmp_path, case):
 
 
 def test_the_paper_sized_mirror_has_codas_objects_per_split(tmp_path):
-    mirror.write_coda(tmp_path / "coda", LAYOUT, 0, "paper")
+    mirror_probes.write_coda(tmp_path / "coda", LAYOUT, 0, "paper")
     splits = read(tmp_path / "coda", tmp_path)
     objects = {split: {r.class_id for r in rows} for split, rows in splits.items()}
     assert {split: len(ids) for split, ids in objects.items()} == LAYOUT["objects"] == {"train": 311, "validation": 103, "test": 107}
     assert len({r.ngram for rows in splits.values() for r in rows}) == sum(LAYOUT["objects"].values())
+    # every object under as many templates of each group as the real templates.yaml, in the export's order
+    # (by the template's text, `template_idx` counting over both groups)
+    first = [r for r in splits["test"] if r.class_id == splits["test"][0].class_id]
+    assert [r.template_idx for r in first] == list(range(20))
+    assert {g: sum(r.template_group == g for r in first) for g in coda.TEMPLATE_GROUPS} == LAYOUT["templates"] == {
+        "clip-imagenet": 10, "text-masked": 10}

@@ -14,7 +14,7 @@ from transformers import BertConfig, BertModel
 from typer.testing import CliRunner
 
 from test_corpus import CONFIG, TRAIN_LINES, write_hub_layout
-from xdbert import fetch, hub, mirror
+from xdbert import fetch, hub, mirror_probes
 from xdbert.cli import app
 from xdbert.data import corpus, provided, vicomte
 from xdbert.errors import PipelineError
@@ -63,7 +63,7 @@ def hand_files(root: Path) -> None:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
     for relation in vicomte.RELATIONS:
-        mirror.write_vicomte(root / VICOMTE, relation, 0, "tiny")
+        mirror_probes.write_vicomte(root / VICOMTE, relation, 0, "tiny")
 
 
 def test_the_paper_profile_names_its_hub_assets_and_the_embedded_one_none():

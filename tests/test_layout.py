@@ -100,7 +100,7 @@ def test_no_import_cycles():
 
 # docs/architecture.md's tiers after the base, in order; the base is every other top-level module of the package
 TIERS = (("data",), ("model",), ("adaptation",), ("finetuning",), ("analysis", "reports"),
-         ("cli", "params_check", "fetch", "fetch_check", "mirror", "rehearse"))
+         ("cli", "params_check", "fetch", "fetch_check", "mirror", "mirror_probes", "rehearse"))
 
 
 def tier(module: str) -> int:
@@ -127,7 +127,7 @@ def test_the_tier_check_sees_a_later_import():
     graph["xdbert.data.tokenization.vocab"].add("xdbert.model.settings")
     graph["xdbert.training"].add("xdbert.cli")
     assert later_tier_imports(graph) == ["xdbert.data.tokenization.vocab (data) imports xdbert.model.settings (model)",
-                                         "xdbert.training (base) imports xdbert.cli (cli/params_check/fetch/fetch_check/mirror/rehearse)"]
+                                         "xdbert.training (base) imports xdbert.cli (cli/params_check/fetch/fetch_check/mirror/mirror_probes/rehearse)"]
 
 
 def test_modules_stay_small():

@@ -1,5 +1,5 @@
 """ViComTe's hand-provided files (xdbert.data.vicomte) in the layout of the authors' repository: the line formats read
-as they are written there, the mirror's files (the rehearsal's, written by `mirror.write_vicomte`) loaded whole, and
+as they are written there, the mirror's files (the rehearsal's, written by `mirror_probes.write_vicomte`) loaded whole, and
 each bad file one `PipelineError` line naming the file and its line; through the first stage, exit 2 and nothing
 written."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xdbert import mirror
+from xdbert import mirror, mirror_probes
 from xdbert.data import provided, vicomte
 from xdbert.data.probes import ProbesSettings
 from xdbert.errors import PipelineError
@@ -26,7 +26,7 @@ def folder(tmp_path) -> Path:
     """ViComTe's three relations as the rehearsal's mirror writes them, under inputs/vicomte."""
     out = tmp_path / "inputs" / "vicomte"
     for relation in vicomte.RELATIONS:
-        mirror.write_vicomte(out, relation, 0, "tiny")
+        mirror_probes.write_vicomte(out, relation, 0, "tiny")
     return out
 
 
@@ -63,9 +63,9 @@ def test_the_authors_line_formats_read_as_written(tmp_path):
 def test_the_mirrors_relations_load_whole(folder):
     for relation in vicomte.RELATIONS:
         r = vicomte.load_relation(folder, relation)
-        assert r.classes == mirror.VICOMTE_CLASSES[relation]
-        assert {(word, c) for c, words in r.synonyms.items() for word in words[1:]} == set(mirror.VICOMTE_SYNONYMS[relation])
-        assert {g: {s: len(rows) for s, rows in split.items()} for g, split in r.splits.items()} == mirror.VICOMTE_ROWS
+        assert r.classes == mirror_probes.VICOMTE_CLASSES[relation]
+        assert {(word, c) for c, words in r.synonyms.items() for word in words[1:]} == set(mirror_probes.VICOMTE_SYNONYMS[relation])
+        assert {g: {s: len(rows) for s, rows in split.items()} for g, split in r.splits.items()} == mirror_probes.VICOMTE_ROWS
         examples = [e for split in r.splits.values() for rows in split.values() for e in rows]
         assert all(r.classes[max(range(len(r.classes)), key=r.distributions[e.sub].__getitem__)] == e.obj for e in examples)
         assert len({e.obj for e in r.splits["all"]["train"]}) >= 2  # a classifier needs two classes
@@ -78,9 +78,9 @@ def test_the_paper_sized_mirror_has_the_real_files_sizes_and_loads_whole(tmp_pat
     templates per relation (../shared/PROBES.md), distinct subjects, the single group's objects among all groups',
     every class an `obj` somewhere."""
     for relation in vicomte.RELATIONS:
-        mirror.write_vicomte(tmp_path, relation, 0, "paper")
+        mirror_probes.write_vicomte(tmp_path, relation, 0, "paper")
         r = vicomte.load_relation(tmp_path, relation)
-        assert {g: {s: len(rows) for s, rows in split.items()} for g, split in r.splits.items()} == mirror.VICOMTE_PAPER_ROWS[relation]
+        assert {g: {s: len(rows) for s, rows in split.items()} for g, split in r.splits.items()} == mirror_probes.VICOMTE_PAPER_ROWS[relation]
         assert len(r.templates) == 7 and all(t.count("[X]") == t.count("[Y]") == 1 for t in r.templates)
         every = [e for rows in r.splits["all"].values() for e in rows]
         assert len({e.sub for e in every}) == len(every) == len(r.distributions)

@@ -148,12 +148,14 @@ DATASETS: dict[str, dict] = {
         # `label`: the human distribution over these colours, in this order
         "colors": ("black", "blue", "brown", "gray", "green", "orange", "pink", "purple", "red", "white", "yellow"),
         "objects": {"train": 311, "validation": 103, "test": 107},
+        "templates": {"clip-imagenet": 10, "text-masked": 10},  # per object, before templates.yaml's empty fills are dropped
         "mask": "[MASK]",  # in every text-masked template
         "source": "files: https://huggingface.co/datasets/corypaik/coda/tree/main (9f47e7e: README.md, coda.py, "
                   "dataset_infos.json, data/) and .../tree/refs%2Fpr%2F3/data (default_train.jsonl 1.71 MB, "
                   "default_validation.jsonl 574 kB, default_test.jsonl 589 kB, added in dee0883); features, ClassLabel "
                   "names, colours, templates and the `to_json(orient='records', lines=True)` export: github nala-cub/coda "
-                  "projects/coda/probing/dataset/dataset.py, _src/constants.py (COLORS), data/coda/templates.yaml. "
+                  "projects/coda/probing/dataset/dataset.py, _src/constants.py (COLORS), data/coda/templates.yaml "
+                  "(10 templates per group; rows ordered by template text, `template_idx` counting over both groups). "
                   "Objects per split: PROBES.md. That the ClassLabel columns hold ids is inferred from the export, not seen",
     },
 }

