@@ -23,7 +23,14 @@ its kind did (a base or large encoder, with or without an MLM head, CLIP-T, the 
 head, where none of its kind was measured, what its size's rows with a head did less their cloze; the bootstraps
 what they did per comparison (an XD row and its baseline make one).
 
+`--fraction F` keeps the first F of each ViComTe split's examples and of CoDa's test objects, so that the paper
+profile's rows fit in an hour on 2 cores, and scales each row's features, cloze and fits, and the bootstraps, by 1/F:
+each is a pass over the subjects (forward passes at a fixed batch size, fits and resamples over the train and test
+subjects), while a row's load and the reading of the files are not. Two fractions of one row show how far that
+holds (docs/notebook, the thirtieth session).
+
     python bench/probes_stage.py --representative         # one row of each kind, extrapolated to every row
+    python bench/probes_stage.py --representative --fraction 0.05
     python bench/probes_stage.py --only bert-b/baseline,bert-b/xdbert,electra-l/baseline,clip_t,bert-base-cased
     python bench/probes_stage.py --only bert-b/baseline --relations shape
     python bench/probes_stage.py --sizes tiny             # the quick check: tiny encoders, tiny ViComTe and CoDa
@@ -103,7 +110,7 @@ def chosen_rows(args, rows: list, p: dict) -> list:
 def write_project(project: Path, rows: list, relations: list[str], sizes: str, p: dict, say) -> None:
     from transformers import AutoTokenizer
 
-    from xdbert import io, mirror, rehearse
+    from xdbert import io, mirror, mirror_probes, rehearse
     from xdbert.data.probes import ProbesSettings
     from xdbert.model.clip_tower import CLIPTextTower, clip_uses_quick_gelu
     from xdbert.model.modeling import XDBertConfig, XDBertModel
@@ -133,10 +140,40 @@ def write_project(project: Path, rows: list, relations: list[str], sizes: str, p
         quick_gelu = clip_uses_quick_gelu(model.clip, model.clip_pretrained)
         save_clip_tower(CLIPTextTower.build(model.clip, "", quick_gelu), project / PRETRAIN_CLIP, model.clip, model.clip_pretrained)
     for relation in relations:
-        mirror.write_vicomte(project / s.vicomte_dir, relation, model.seed, sizes)
+        mirror_probes.write_vicomte(project / s.vicomte_dir, relation, model.seed, sizes)
     keys = {CODA_KEY} | ({REFERENCE_KEY} if any(r.kind == "hub" for r in rows) else set())
     entries = mirror.build_mirror(p, project / rehearse.CACHE / "hub", sizes, say, keys=keys)
     io.write_json(project / "hub.lock.json", {"profile": p["profile"], "assets": entries})
+
+
+def keep_share(project: Path, relations: list[str], fraction: float, p: dict) -> None:
+    """Cut the written ViComTe splits to their first `fraction` of examples and CoDa's test split to its first
+    `fraction` of objects (at least one of each). The single group's examples are the first of the all group's, so
+    they stay a subset."""
+    import math
+
+    from huggingface_hub.file_download import repo_folder_name
+
+    from xdbert import rehearse
+    from xdbert.data.probes import ProbesSettings
+    from xdbert.data.vicomte import FILES, files
+    from xdbert.hub_layouts import DATASETS
+
+    def keep(n: int) -> int:
+        return max(1, math.ceil(fraction * n))
+
+    s = ProbesSettings.from_params(p)
+    for relation in relations:
+        for name, path in zip(FILES, files(project / s.vicomte_dir, relation)):
+            if "/" in name:  # a group's split (the others are the words, templates and distributions)
+                lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+                path.write_text("".join(lines[:keep(len(lines))]), encoding="utf-8")
+    repo = project / rehearse.CACHE / "hub" / repo_folder_name(repo_id=s.coda_hub_id, repo_type="dataset")
+    for path in repo.glob(f"snapshots/*/{DATASETS[s.coda_hub_id]['data_files']['test']}"):
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        objects = list(dict.fromkeys(r["class_id"] for r in rows))
+        kept = set(objects[:keep(len(objects))])
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["class_id"] in kept), encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -212,12 +249,23 @@ def measure(args) -> None:
         "comparisons": len(comparisons(results["models"])), "total_seconds": total,
         "peak_rss_mib": {"stage": peak_mib("self"), "children": max(workers)},
         "cv_folds": s.cv_folds, "n_boot": s.n_boot, "templates": {r: len(v.templates) for r, v in relations.items()},
-        "subjects": {r: len(stage.subjects_of(v)) for r, v in relations.items()}}, indent=2) + "\n", encoding="utf-8")
+        "subjects": {r: len(stage.subjects_of(v)) for r, v in relations.items()},
+        "coda_objects": len(stage.coda_test_objects(coda))}, indent=2) + "\n", encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------------------------------
 # The parent: the project, the child, the extrapolation and the report
 # ----------------------------------------------------------------------------------------------------
+
+def scale(measured: dict, fraction: float) -> dict:
+    """The measurement as it would be on all the subjects: each row's features, cloze and rest (its fits) and the
+    differences' bootstraps times 1/fraction, its load and the reading of the files as measured."""
+    rows = []
+    for r in measured["rows"]:
+        parts = {k: r[k] / fraction for k in ("features", "cloze", "rest")}
+        rows.append({**r, **parts, "wall": r["load"] + sum(parts.values())})
+    return {**measured, "rows": rows, "differences_seconds": measured["differences_seconds"] / fraction}
+
 
 def extrapolate(measured: dict, all_rows: list, p: dict) -> dict:
     """Every row of the profile at the mean wall seconds of the measured rows of its kind, or, for an encoder without
@@ -250,20 +298,26 @@ def extrapolate(measured: dict, all_rows: list, p: dict) -> dict:
 
 
 def markdown(result: dict) -> str:
-    m, x = result["measured"], result["extrapolated"]
+    m, x, fraction = result["measured"], result["extrapolated"], result["fraction"]
     cell = lambda v: f"{v:.1f}" if v else "-"
+    scaled = {r["name"]: r["wall"] for r in scale(m, fraction)["rows"]}
     lines = [f"# The probes stage's time and peak memory, {result['sizes']} sizes, random weights", "",
              f"`{result['command']}`. {describe(result)}", "",
              f"{result['machine']}; {result['jobs']} jobs (joblib's template fits); load average {result['load_average']} "
              f"at the start. Relations {', '.join(result['relations'])}: subjects {m['subjects']}, templates "
-             f"{m['templates']}; {m['cv_folds']}-fold template choice, {m['n_boot']} bootstrap resamples.", "",
-             "| row | kind | load s | features s | cloze s | rest (probe fits) s | wall s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             f"{m['templates']}; CoDa test objects {m['coda_objects']}; {m['cv_folds']}-fold template choice, {m['n_boot']} "
+             f"bootstrap resamples.", "",
+             *([f"Measured on the first {fraction:g} of each ViComTe split and of CoDa's test objects; the last column "
+                "scales each row's features, cloze and fits by its inverse (the extrapolation below starts from it).", ""]
+               if fraction < 1 else []),
+             "| row | kind | load s | features s | cloze s | rest (probe fits) s | wall s | all subjects s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['name']} | {r['kind']} | {r['load']:.1f} | {r['features']:.1f} | {cell(r['cloze'])} | {r['rest']:.1f} | "
-              f"{r['wall']:.1f} |" for r in m["rows"]]
+              f"{r['wall']:.1f} | {scaled[r['name']]:.1f} |" for r in m["rows"]]
     rss = m["peak_rss_mib"]
     lines += ["", "The first row also pays what the stage pays once: its load the imports, its rest joblib's workers starting.",
               "", f"Reading ViComTe and CoDa: {m['data_seconds']:.1f} s; the differences' bootstraps after the last row "
-              f"({m['comparisons']} comparisons): {m['differences_seconds']:.1f} s; total {m['total_seconds']:.1f} s "
+              f"({m['comparisons']} comparisons): {m['differences_seconds']:.1f} s; measured in all {m['total_seconds']:.1f} s "
               f"({m['total_seconds'] / 60:.1f} min).",
               f"Peak RSS (each process its own VmHWM): the stage's process {rss['stage']:,.0f} MiB, its largest joblib worker {rss['children']:,.0f} MiB.",
               "", f"## Extrapolated to the paper profile's {x['rows']} rows (these relations)", "",
@@ -287,11 +341,15 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated row names (default: every row)")
     ap.add_argument("--representative", action="store_true", help="the first row of each kind")
     ap.add_argument("--relations", default=",".join(RELATIONS))
+    ap.add_argument("--fraction", type=float, default=1.0,
+                    help="keep this share of each ViComTe split and of CoDa's test objects; scale the times back up")
     ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="the stage's `jobs` (default: the cores it may use)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # the child process, in the project folder
     args = ap.parse_args()
     args.relations = args.relations.split(",")
+    if not 0 < args.fraction <= 1:
+        raise SystemExit(f"--fraction {args.fraction} is not in (0, 1]: the share of the subjects kept")
     if args.measure:
         measure(args)
         return
@@ -306,16 +364,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="probes-bench-") as tmp:
         project = Path(tmp)
         write_project(project, rows, args.relations, args.sizes, p, say=lambda line: print(line, flush=True))
+        if args.fraction < 1:
+            keep_share(project, args.relations, args.fraction, p)
         env = rehearse.offline_env(project)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env["PYTHONPATH"]])  # this checkout's code, not an installed copy
         child = [sys.executable, str(Path(__file__).resolve()), "--measure", "--only", ",".join(r.name for r in rows),
                  "--relations", ",".join(args.relations), "--jobs", str(args.jobs)]
         subprocess.run(child, cwd=project, env=env, check=True)
         measured = json.loads((project / MEASURED).read_text(encoding="utf-8"))
-    result = {**code_version(), "command": shlex.join(["python", *sys.argv]), "sizes": args.sizes,
+    result = {**code_version(), "command": shlex.join(["python", *sys.argv]), "sizes": args.sizes, "fraction": args.fraction,
               "machine": f"{cpu_description().get('model name', platform.machine())}, {len(os.sched_getaffinity(0))} cores",
               "load_average": load_average, "jobs": args.jobs, "relations": args.relations, "measured": measured,
-              "extrapolated": extrapolate(measured, all_rows, p)}
+              "extrapolated": extrapolate(scale(measured, args.fraction), all_rows, p)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "probes_stage.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (args.out / "probes_stage.md").write_text(markdown(result), encoding="utf-8")

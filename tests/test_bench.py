@@ -201,12 +201,13 @@ def test_every_benchmark_that_writes_a_result_records_the_commit():
 
 
 def test_probes_stage_times_each_row_through_the_stage_and_extrapolates(tmp_path):
-    """bench/probes_stage.py at tiny sizes on one relation: a baseline (its saved MLM head) and the reference (the hub
-    mirror's MLM), each timed in parts; the peak memory of the stage and of joblib's workers; an encoder without a
-    head extrapolated from the baseline less its cloze, and no total: no large encoder or CLIP-T was measured."""
+    """bench/probes_stage.py at tiny sizes on 0.6 of one relation's subjects: a baseline (its saved MLM head) and the
+    reference (the hub mirror's MLM), each timed in parts; the peak memory of the stage and of joblib's workers; the
+    times scaled back to all subjects; an encoder without a head extrapolated from the baseline less its cloze, and
+    no total: no large encoder or CLIP-T was measured."""
     rows = ["bert-b/baseline", "bert-base-cased"]
     done = subprocess.run([sys.executable, "bench/probes_stage.py", "--sizes", "tiny", "--only", ",".join(rows),
-                           "--relations", "shape", "--jobs", "2", "--out", str(tmp_path)],
+                           "--relations", "shape", "--jobs", "2", "--fraction", "0.6", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "probes_stage.json").read_text())
@@ -217,11 +218,16 @@ def test_probes_stage_times_each_row_through_the_stage_and_extrapolates(tmp_path
         assert r["wall"] == pytest.approx(r["load"] + r["features"] + r["cloze"] + r["rest"])
     assert measured["peak_rss_mib"]["stage"] > 0 and measured["peak_rss_mib"]["children"] > 0
     assert measured["templates"] == {"shape": 3} and measured["comparisons"] == 0
+    # the tiny mirror's 16 + 8 subjects of the all group and 3 CoDa test objects: 10 + 5 and 2 kept (0.6, rounded up:
+    # the single group's 8 train examples keep 5, one per fold of the profile's 5)
+    assert measured["subjects"] == {"shape": 15} and measured["coda_objects"] == 2 and result["fraction"] == 0.6
     x = result["extrapolated"]
     baseline, reference = measured["rows"]
     assert x["rows"] == 15 and x["total_seconds"] is None
     assert x["missing"] == ["large encoder with MLM head", "large encoder", "CLIP-T"]
-    assert x["kinds"]["reference (hub MLM)"]["seconds_per_row"] == reference["wall"]
-    assert x["kinds"]["base encoder"] == {"rows": 8, "seconds_per_row": pytest.approx(baseline["wall"] - baseline["cloze"]),
+    all_subjects = lambda r, parts: r["load"] + sum(r[k] for k in parts) / 0.6  # noqa: E731
+    assert x["kinds"]["reference (hub MLM)"]["seconds_per_row"] == pytest.approx(
+        all_subjects(reference, ("features", "cloze", "rest")))
+    assert x["kinds"]["base encoder"] == {"rows": 8, "seconds_per_row": pytest.approx(all_subjects(baseline, ("features", "rest"))),
                                           "from": "base encoder with MLM head, less the cloze"}
     assert result["commit_from"] == "git" and "| bert-b/baseline | base encoder with MLM head |" in (tmp_path / "probes_stage.md").read_text()
