@@ -27,6 +27,7 @@ from xdbert.paths import (
 )
 from xdbert.stage import run
 
+REPLICATIONS = Path("inputs/replications")  # gate D's runs on other facts: a dep of this stage, so a changed one reruns it
 CONTEXT_WINDOW = 5   # the corpus baseline's context: words within 5 of the object, where a stated fact would sit
 TOWERS = {PRETRAIN_CLIP.name: "clip_t", PRETRAIN_CLIP_NOFACTS.name: "clip_nofacts_t"}  # tower -> its CLIP-T row
 NEEDED = {"clip_t": "gate A", "clip_nofacts_t": "gate A", "full_xdbert": "gate B", "full_nofacts": "gate B",
@@ -81,6 +82,9 @@ def check_inputs(plan: Plan, control_split: str) -> None:
              TASKS / plan.s.control_task / f"{control_split}.parquet"]
     files += [predictions(task, r.name) for task, rows in plan.runs.items() for r in rows.values()]
     if plan.s.replication:
+        if Path(plan.s.replication).parent != REPLICATIONS:
+            raise PipelineError(f"`mechanism.replication` must name a file in {REPLICATIONS}/, the folder this stage "
+                                f"depends on (so that a changed file reruns it), or be \"\"; got {plan.s.replication!r}")
         files.append(Path(plan.s.replication))
     for f in files:
         if not f.is_file():

@@ -191,16 +191,22 @@ def test_d_on_seed_0_alone_is_not_replicated(tmp_path, monkeypatch):
     build_project(tmp_path, d_holds=True)
     md, result = run_stage(tmp_path, monkeypatch)
     assert result["gates"]["D"]["state"] == "not replicated", result["gates"]["D"]["numbers"]
-    # the same study named as its own replication is refused: it reassigns no facts
-    shutil.copy(tmp_path / paths.MECHANISM_METRICS, tmp_path / "seed1.json")
+    # a replication outside inputs/replications, which the stage depends on, is refused
     p = yaml.safe_load((tmp_path / "params.yaml").read_text())
     p["mechanism"]["replication"] = "seed1.json"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
+    with pytest.raises(PipelineError, match=r"`mechanism.replication` must name a file in inputs/replications/.*'seed1.json'"):
+        run_stage(tmp_path, monkeypatch)
+    # the same study named as its own replication is refused: it reassigns no facts
+    seed1 = tmp_path / load_stage("mechanism").REPLICATIONS / "seed1.json"
+    seed1.parent.mkdir(parents=True)
+    shutil.copy(tmp_path / paths.MECHANISM_METRICS, seed1)
+    p["mechanism"]["replication"] = "inputs/replications/seed1.json"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
     with pytest.raises(PipelineError, match="seed1.json is a run on facts seed 0, this study's own"):
         run_stage(tmp_path, monkeypatch)
     # the same claim as a run on facts seed 1: D holds again
-    seed1 = json.loads((tmp_path / "seed1.json").read_text())
-    (tmp_path / "seed1.json").write_text(json.dumps({**seed1, "facts_seed": 1}))
+    seed1.write_text(json.dumps({**json.loads(seed1.read_text()), "facts_seed": 1}))
     _, result = run_stage(tmp_path, monkeypatch)
     assert result["gates"]["D"]["state"] == "PASS"
 

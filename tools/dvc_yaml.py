@@ -145,6 +145,8 @@ CHECKED_VARIANTS = {"adapt.variants.*": "only checked: `finetune.ablations` name
 CROSS_MODAL = ("clip_heads", "placeholder", "freeze_clip", "clip_tower", "mlm_negatives", "match_prob", "cliptc_prob", "cliptc_vocab")
 ADAPT_DEPS = ("data/shards", "models/tokenizer")
 MECHANISM_CHECKED = "the mechanism section is checked whole (xdbert.data.mechanism); this stage does not use the key"
+# the study's gates and D's replication: only the mechanism stage reads them, so a new replication reruns it alone
+MECHANISM_STAGE_ONLY = reasons("mechanism", ("replication", "gates"), MECHANISM_CHECKED)
 CLIP_TOWERS = ("models/pretrain_clip", "models/pretrain_clip_nofacts")  # `adapt.clip_tower` may name either
 # Only a variant with `adapt.text: captions` reads them, but a foreach template's deps are every item's: DVC
 # cannot give one variant a dep of its own (`${item.text}` fails on a variant without the key). With the mechanism
@@ -165,7 +167,7 @@ STAGES: dict[str, Stage] = {
     "tasks": Stage(
         "stages/tasks.py", deps=("inputs/commonlit",), outs=("data/tasks",),
         unused={"grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it",
-                **PROVIDED_PROBES}),
+                **PROVIDED_PROBES, **MECHANISM_STAGE_ONLY}),
     "dual_tokenize": Stage(
         "stages/dual_tokenize.py", deps=("data/corpus",), outs=("data/shards", "models/tokenizer"),
         unused={"model.encoder_config.*": "a random encoder's config keys are only checked; its max_position_embeddings "
@@ -208,7 +210,7 @@ STAGES: dict[str, Stage] = {
     "finetune": Stage(
         "stages/finetune.py", deps=("data/tasks", "models/tokenizer", "models/adapted", "models/crossmodal",
                                     *CLIP_TOWERS), outs=("results/finetune",),
-        unused=CHECKED_VARIANTS),
+        unused={**CHECKED_VARIANTS, **MECHANISM_STAGE_ONLY}),
     "aggregate": Stage(
         "stages/aggregate.py", deps=("results/finetune", "metrics/adapt", "results/mechanism.json"),
         outs=("reports/table1.md", "reports/table3.md", "reports/table6.md", "reports/table8.md",
@@ -227,7 +229,8 @@ STAGES: dict[str, Stage] = {
         "stages/mechanism.py",
         deps=("models/pretrain_clip", "models/pretrain_clip_nofacts", "models/pretrain_encoder", "models/adapted",
               "models/crossmodal", "models/tokenizer", "data/tasks", "data/corpus",
-              "results/finetune  # whole: the runs of `mechanism.models`, `full_models` and `clip_towers`"),
+              "results/finetune  # whole: the runs of `mechanism.models`, `full_models` and `clip_towers`",
+              "inputs/replications  # whole: the file `mechanism.replication` names is one of them"),
         outs=("reports/mechanism.md",), metrics=("results/mechanism.json",),
         unused={**CHECKED_FAMILIES, "families.${adapt.family}": "only checked; its name (adapt.family) names the models"}),
     "attention": Stage(
