@@ -23,14 +23,16 @@ its kind did (a base or large encoder, with or without an MLM head, CLIP-T, the 
 head, where none of its kind was measured, what its size's rows with a head did less their cloze; the bootstraps
 what they did per comparison (an XD row and its baseline make one).
 
-`--fraction F` keeps the first F of each ViComTe split's examples and of CoDa's test objects, so that the paper
-profile's rows fit in an hour on 2 cores, and scales each row's features, cloze and fits, and the bootstraps, by 1/F:
-each is a pass over the subjects (forward passes at a fixed batch size, fits and resamples over the train and test
-subjects), while a row's load and the reading of the files are not. Two fractions of one row show how far that
-holds (docs/notebook, the thirtieth session).
+`--fraction` keeps the first share of each ViComTe split's examples and of CoDa's test objects, so that the paper
+profile's rows fit in an hour on 2 cores, and extrapolates each row's features, cloze and fits, and the bootstraps,
+to all the subjects; a row's load and the reading of the files stay as measured. With one share F each part is
+scaled by 1/F, a line through the origin: right for the forward passes (a fixed batch size), an overestimate for
+the fits, which also pay a fixed cost per template and fold. With two shares (`--fraction 0.1,0.05`, measured on the
+same project, cut to the larger first) each part follows the line through both measurements to F = 1, which
+separates that fixed part (docs/notebook, the thirtieth session).
 
     python bench/probes_stage.py --representative         # one row of each kind, extrapolated to every row
-    python bench/probes_stage.py --representative --fraction 0.05
+    python bench/probes_stage.py --representative --fraction 0.1,0.05
     python bench/probes_stage.py --only bert-b/baseline,bert-b/xdbert,electra-l/baseline,clip_t,bert-base-cased
     python bench/probes_stage.py --only bert-b/baseline --relations shape
     python bench/probes_stage.py --sizes tiny             # the quick check: tiny encoders, tiny ViComTe and CoDa
@@ -146,10 +148,10 @@ def write_project(project: Path, rows: list, relations: list[str], sizes: str, p
     io.write_json(project / "hub.lock.json", {"profile": p["profile"], "assets": entries})
 
 
-def keep_share(project: Path, relations: list[str], fraction: float, p: dict) -> None:
+def keep_share(project: Path, relations: list[str], fraction: float, p: dict, written: dict[Path, str]) -> None:
     """Cut the written ViComTe splits to their first `fraction` of examples and CoDa's test split to its first
-    `fraction` of objects (at least one of each). The single group's examples are the first of the all group's, so
-    they stay a subset."""
+    `fraction` of objects (at least one of each), counted on the files as written, which `written` keeps from the
+    first cut on. The single group's examples are the first of the all group's, so they stay a subset."""
     import math
 
     from huggingface_hub.file_download import repo_folder_name
@@ -166,11 +168,11 @@ def keep_share(project: Path, relations: list[str], fraction: float, p: dict) ->
     for relation in relations:
         for name, path in zip(FILES, files(project / s.vicomte_dir, relation)):
             if "/" in name:  # a group's split (the others are the words, templates and distributions)
-                lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+                lines = written.setdefault(path, path.read_text(encoding="utf-8")).splitlines(keepends=True)
                 path.write_text("".join(lines[:keep(len(lines))]), encoding="utf-8")
     repo = project / rehearse.CACHE / "hub" / repo_folder_name(repo_id=s.coda_hub_id, repo_type="dataset")
     for path in repo.glob(f"snapshots/*/{DATASETS[s.coda_hub_id]['data_files']['test']}"):
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        rows = [json.loads(line) for line in written.setdefault(path, path.read_text(encoding="utf-8")).splitlines()]
         objects = list(dict.fromkeys(r["class_id"] for r in rows))
         kept = set(objects[:keep(len(objects))])
         path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["class_id"] in kept), encoding="utf-8")
@@ -257,14 +259,27 @@ def measure(args) -> None:
 # The parent: the project, the child, the extrapolation and the report
 # ----------------------------------------------------------------------------------------------------
 
-def scale(measured: dict, fraction: float) -> dict:
-    """The measurement as it would be on all the subjects: each row's features, cloze and rest (its fits) and the
-    differences' bootstraps times 1/fraction, its load and the reading of the files as measured."""
+def at_all_subjects(points: dict[float, float]) -> float:
+    """A time measured at one or two shares of the subjects, {share: seconds}, at share 1: the line through the
+    origin and the one point, or through the two points."""
+    if len(points) == 1:
+        ((f, y),) = points.items()
+        return y / f
+    (f1, y1), (f2, y2) = sorted(points.items())
+    return y2 + (y2 - y1) * (1 - f2) / (f2 - f1)
+
+
+def scale(measured: dict[float, dict]) -> dict:
+    """The measurement as it would be on all the subjects, from the ones at each share ({share: measured}, the same
+    rows): each row's features, cloze and rest (its fits) and the differences' bootstraps extrapolated by
+    `at_all_subjects`; its load, the reading of the files and the rest as measured at the largest share."""
+    largest = measured[max(measured)]
     rows = []
-    for r in measured["rows"]:
-        parts = {k: r[k] / fraction for k in ("features", "cloze", "rest")}
+    for i, r in enumerate(largest["rows"]):
+        parts = {k: at_all_subjects({f: m["rows"][i][k] for f, m in measured.items()}) for k in ("features", "cloze", "rest")}
         rows.append({**r, **parts, "wall": r["load"] + sum(parts.values())})
-    return {**measured, "rows": rows, "differences_seconds": measured["differences_seconds"] / fraction}
+    differences = at_all_subjects({f: m["differences_seconds"] for f, m in measured.items()})
+    return {**largest, "rows": rows, "differences_seconds": differences}
 
 
 def extrapolate(measured: dict, all_rows: list, p: dict) -> dict:
@@ -298,22 +313,29 @@ def extrapolate(measured: dict, all_rows: list, p: dict) -> dict:
 
 
 def markdown(result: dict) -> str:
-    m, x, fraction = result["measured"], result["extrapolated"], result["fraction"]
-    cell = lambda v: f"{v:.1f}" if v else "-"
-    scaled = {r["name"]: r["wall"] for r in scale(m, fraction)["rows"]}
+    at = {float(f): m for f, m in result["measured_at"].items()}
+    m, x, full = at[max(at)], result["extrapolated"], scale(at)
+    cell = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
+    shares = " and ".join(f"{f:g}" for f in sorted(at, reverse=True))
     lines = [f"# The probes stage's time and peak memory, {result['sizes']} sizes, random weights", "",
              f"`{result['command']}`. {describe(result)}", "",
              f"{result['machine']}; {result['jobs']} jobs (joblib's template fits); load average {result['load_average']} "
              f"at the start. Relations {', '.join(result['relations'])}: subjects {m['subjects']}, templates "
              f"{m['templates']}; CoDa test objects {m['coda_objects']}; {m['cv_folds']}-fold template choice, {m['n_boot']} "
              f"bootstrap resamples.", "",
-             *([f"Measured on the first {fraction:g} of each ViComTe split and of CoDa's test objects; the last column "
-                "scales each row's features, cloze and fits by its inverse (the extrapolation below starts from it).", ""]
-               if fraction < 1 else []),
-             "| row | kind | load s | features s | cloze s | rest (probe fits) s | wall s | all subjects s |",
+             *([f"Measured on the first {shares} of each ViComTe split and of CoDa's test objects (the figures above are the "
+                f"larger share's); the rows marked \"all\" are extrapolated to all the subjects "
+                f"({'through the two shares' if len(at) == 2 else 'in proportion: the fits an upper bound'}), and the "
+                "extrapolation below starts from them.", ""] if min(at) < 1 else []),
+             "| row | kind | share | load s | features s | cloze s | rest (probe fits) s | wall s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['name']} | {r['kind']} | {r['load']:.1f} | {r['features']:.1f} | {cell(r['cloze'])} | {r['rest']:.1f} | "
-              f"{r['wall']:.1f} | {scaled[r['name']]:.1f} |" for r in m["rows"]]
+    for i, r in enumerate(m["rows"]):
+        shown = [(f"{f:g}", at[f]["rows"][i]) for f in sorted(at, reverse=True)]
+        if min(at) < 1:
+            shown.append(("all", full["rows"][i]))
+        for share, row in shown:
+            lines.append(f"| {r['name']} | {r['kind']} | {share} | {row['load']:.1f} | {row['features']:.1f} | "
+                         f"{cell(row['cloze'])} | {row['rest']:.1f} | {row['wall']:.1f} |")
     rss = m["peak_rss_mib"]
     lines += ["", "The first row also pays what the stage pays once: its load the imports, its rest joblib's workers starting.",
               "", f"Reading ViComTe and CoDa: {m['data_seconds']:.1f} s; the differences' bootstraps after the last row "
@@ -341,15 +363,20 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated row names (default: every row)")
     ap.add_argument("--representative", action="store_true", help="the first row of each kind")
     ap.add_argument("--relations", default=",".join(RELATIONS))
-    ap.add_argument("--fraction", type=float, default=1.0,
-                    help="keep this share of each ViComTe split and of CoDa's test objects; scale the times back up")
+    ap.add_argument("--fraction", default="1",
+                    help="keep this share of each ViComTe split and of CoDa's test objects, or two shares, comma-separated; "
+                         "extrapolate the times to all the subjects")
     ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="the stage's `jobs` (default: the cores it may use)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # the child process, in the project folder
     args = ap.parse_args()
     args.relations = args.relations.split(",")
-    if not 0 < args.fraction <= 1:
-        raise SystemExit(f"--fraction {args.fraction} is not in (0, 1]: the share of the subjects kept")
+    try:
+        fractions = sorted({float(f) for f in args.fraction.split(",")}, reverse=True)
+    except ValueError:
+        fractions = []
+    if not 1 <= len(fractions) <= 2 or len(fractions) != len(args.fraction.split(",")) or not all(0 < f <= 1 for f in fractions):
+        raise SystemExit(f"--fraction {args.fraction!r}: one or two different shares of the subjects in (0, 1], comma-separated")
     if args.measure:
         measure(args)
         return
@@ -364,18 +391,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="probes-bench-") as tmp:
         project = Path(tmp)
         write_project(project, rows, args.relations, args.sizes, p, say=lambda line: print(line, flush=True))
-        if args.fraction < 1:
-            keep_share(project, args.relations, args.fraction, p)
         env = rehearse.offline_env(project)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env["PYTHONPATH"]])  # this checkout's code, not an installed copy
         child = [sys.executable, str(Path(__file__).resolve()), "--measure", "--only", ",".join(r.name for r in rows),
                  "--relations", ",".join(args.relations), "--jobs", str(args.jobs)]
-        subprocess.run(child, cwd=project, env=env, check=True)
-        measured = json.loads((project / MEASURED).read_text(encoding="utf-8"))
-    result = {**code_version(), "command": shlex.join(["python", *sys.argv]), "sizes": args.sizes, "fraction": args.fraction,
+        measured, written = {}, {}
+        for fraction in fractions:  # the larger first: a cut keeps the first lines of the one before
+            if fraction < 1:
+                keep_share(project, args.relations, fraction, p, written)
+            subprocess.run(child, cwd=project, env=env, check=True)
+            measured[fraction] = json.loads((project / MEASURED).read_text(encoding="utf-8"))
+    result = {**code_version(), "command": shlex.join(["python", *sys.argv]), "sizes": args.sizes, "fractions": fractions,
               "machine": f"{cpu_description().get('model name', platform.machine())}, {len(os.sched_getaffinity(0))} cores",
-              "load_average": load_average, "jobs": args.jobs, "relations": args.relations, "measured": measured,
-              "extrapolated": extrapolate(scale(measured, args.fraction), all_rows, p)}
+              "load_average": load_average, "jobs": args.jobs, "relations": args.relations,
+              "measured": measured[fractions[0]], "measured_at": {str(f): m for f, m in measured.items()},
+              "extrapolated": extrapolate(scale(measured), all_rows, p)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "probes_stage.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (args.out / "probes_stage.md").write_text(markdown(result), encoding="utf-8")

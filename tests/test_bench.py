@@ -220,7 +220,7 @@ def test_probes_stage_times_each_row_through_the_stage_and_extrapolates(tmp_path
     assert measured["templates"] == {"shape": 3} and measured["comparisons"] == 0
     # the tiny mirror's 16 + 8 subjects of the all group and 3 CoDa test objects: 10 + 5 and 2 kept (0.6, rounded up:
     # the single group's 8 train examples keep 5, one per fold of the profile's 5)
-    assert measured["subjects"] == {"shape": 15} and measured["coda_objects"] == 2 and result["fraction"] == 0.6
+    assert measured["subjects"] == {"shape": 15} and measured["coda_objects"] == 2 and result["fractions"] == [0.6]
     x = result["extrapolated"]
     baseline, reference = measured["rows"]
     assert x["rows"] == 15 and x["total_seconds"] is None
@@ -230,4 +230,25 @@ def test_probes_stage_times_each_row_through_the_stage_and_extrapolates(tmp_path
         all_subjects(reference, ("features", "cloze", "rest")))
     assert x["kinds"]["base encoder"] == {"rows": 8, "seconds_per_row": pytest.approx(all_subjects(baseline, ("features", "rest"))),
                                           "from": "base encoder with MLM head, less the cloze"}
-    assert result["commit_from"] == "git" and "| bert-b/baseline | base encoder with MLM head |" in (tmp_path / "probes_stage.md").read_text()
+    md = (tmp_path / "probes_stage.md").read_text()
+    assert result["commit_from"] == "git" and "| bert-b/baseline | base encoder with MLM head | 0.6 |" in md
+    assert "| bert-b/baseline | base encoder with MLM head | all |" in md and "the fits an upper bound" in md
+
+
+def test_probes_stage_extrapolates_through_the_origin_or_two_shares():
+    """One share: in proportion. Two: the line through both, so a part with a fixed cost (the fits: 9.5 s at 0.1 of
+    the subjects and 13.9 s at 0.2, about this machine's) is not multiplied with the rest."""
+    spec = importlib.util.spec_from_file_location("probes_bench", ROOT / "bench" / "probes_stage.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.at_all_subjects({0.1: 9.5}) == pytest.approx(95.0)
+    assert bench.at_all_subjects({0.1: 9.5, 0.2: 13.9}) == pytest.approx(13.9 + 4.4 * 8)  # 5.1 s fixed + 44 s
+    assert bench.at_all_subjects({0.2: 20.0, 0.1: 10.0}) == pytest.approx(100.0)  # no fixed part: as in proportion
+
+    def measured(features, rest, differences):
+        return {"rows": [{"name": "r", "load": 3.0, "features": features, "cloze": 0.0, "rest": rest}],
+                "differences_seconds": differences, "data_seconds": 1.0}
+    full = bench.scale({0.2: measured(20.0, 13.9, 2.0), 0.1: measured(10.0, 9.5, 1.0)})
+    (row,) = full["rows"]
+    assert row["features"] == pytest.approx(100.0) and row["rest"] == pytest.approx(49.1)
+    assert row["wall"] == pytest.approx(3.0 + 100.0 + 49.1) and full["differences_seconds"] == pytest.approx(10.0)
