@@ -27,12 +27,12 @@ what they did per comparison (an XD row and its baseline make one).
 profile's rows fit in an hour on 2 cores, and extrapolates each row's features, cloze and fits, and the bootstraps,
 to all the subjects; a row's load and the reading of the files stay as measured. With one share F each part is
 scaled by 1/F, a line through the origin: right for the forward passes (a fixed batch size), an overestimate for
-the fits, which also pay a fixed cost per template and fold. With two shares (`--fraction 0.1,0.05`, measured on the
+the fits, which also pay a fixed cost per template and fold. With two shares (`--fraction 0.08,0.04`, measured on the
 same project, cut to the larger first) each part follows the line through both measurements to F = 1, which
 separates that fixed part (docs/notebook, the thirtieth session).
 
     python bench/probes_stage.py --representative         # one row of each kind, extrapolated to every row
-    python bench/probes_stage.py --representative --fraction 0.1,0.05
+    python bench/probes_stage.py --representative --fraction 0.08,0.04   # 34 min on 2 idle cores
     python bench/probes_stage.py --only bert-b/baseline,bert-b/xdbert,electra-l/baseline,clip_t,bert-base-cased
     python bench/probes_stage.py --only bert-b/baseline --relations shape
     python bench/probes_stage.py --sizes tiny             # the quick check: tiny encoders, tiny ViComTe and CoDa
