@@ -7,11 +7,13 @@
    (outs, metrics, plots) is hashed. `--project` copies a micro project that has been reproduced already
    (the end-to-end test's) instead, so the reference run only finds it up to date.
 2. Kills: for a stage (dual_tokenize, adapt@bert, finetune, aggregate) and a random moment of its
-   run (for the stages that checkpoint, every other kill, the first included, comes shortly after a
-   checkpoint is saved, in the middle of training), `dvc repro --force --single-item STAGE` runs in its own process group, which
-   gets SIGKILL at that moment. Then every declared output must be absent or equal to the reference; the stage run again
-   (forced, so it computes from its checkpoints instead of being checked out of DVC's cache) must bring
-   every output back to the reference's bytes, and `dvc status` must be clean.
+   run (for the stages that write files as they work, every other kill, the first included, comes
+   shortly after the run's first such file: a token shard, adaptation's checkpoint, a finished finetuning
+   run), `dvc repro --force --single-item STAGE` runs in its own process group, which gets SIGKILL at
+   that moment. A finetuning kill's grid trains an eighth of the finished runs again and reuses the rest,
+   as after a change of one variant. Then every declared output must be absent or equal to the reference;
+   the stage run again (forced, so it computes from its checkpoints instead of being checked out of DVC's
+   cache) must bring every output back to the reference's bytes, and `dvc status` must be clean.
 3. Damaged inputs: a file is truncated, has a byte flipped, is deleted or holds invalid text, and the
    stage that reads it is run directly. It must exit 2 with one line `error: ...` (no traceback) and
    leave every output as it was; then the file is restored.
@@ -43,9 +45,14 @@ sys.path.insert(0, str(ROOT))
 from xdbert import paths, profiles  # noqa: E402
 
 KILL_STAGES = ("dual_tokenize", "adapt@bert", "finetune", "aggregate")
-CHECKPOINTS = {"adapt@bert": "checkpoints/adapt/bert/xdbert.pt", "finetune": f".dvc/cache/{paths.RUN_CACHE_NAME}/*.pt"}
-# What a rerun that picked up the killed run's work prints: adaptation's checkpoint, or finetuning runs reused
-RESUMED = re.compile(r"resuming from|\b[1-9][0-9]* of [0-9]+ runs reused")
+# What each stage writes as it works: a kill timed from the run's first such file lands in the work, not in
+# the imports (a token shard in the folder that replaces data/shards, adaptation's checkpoint, a finished
+# finetuning run), and needs no uninterrupted run first to time the stage
+PROGRESS = {"dual_tokenize": f"data/.{paths.SHARDS.name}.*.tmp/*/shard-*.arrow",
+            "adapt@bert": "checkpoints/adapt/bert/xdbert.pt", "finetune": f".dvc/cache/{paths.RUN_CACHE_NAME}/*.pt"}
+RETRAIN_SHARE = 8  # a finetuning kill forgets one finished run in this many: its grid trains them, reuses the rest
+RESUMED = re.compile(r"resuming from")  # what adaptation's rerun prints when it picks up the killed run's checkpoint
+TRAINED = re.compile(r" runs reused from .*, ([0-9]+) trained$", re.M)  # the grid's rerun, per task
 SHORT_DAMAGE = ("truncated task parquet", "flipped byte in an Arrow shard", "missing shard manifest",
                 "edited adapt checkpoint")
 
@@ -153,18 +160,26 @@ class Campaign:
             raise SystemExit(f"{stage} rerun uninterrupted gave other bytes: {problems}")
         return seconds
 
+    def forget(self, stage: str) -> None:
+        """Remove what the stage's run would resume from or reuse instead of computing: adaptation's
+        checkpoint, or one finished finetuning run in RETRAIN_SHARE."""
+        old = sorted(self.repo.glob(PROGRESS.get(stage, "-")))
+        for path in self.rng.sample(old, -(-len(old) // RETRAIN_SHARE)) if stage == "finetune" else old:
+            path.unlink()
+
     def kill(self, stage: str, seconds: float, after: str = "") -> None:
-        """SIGKILL `stage`'s run `seconds` after its start, or, with `after` (a glob), that long after a
-        checkpoint matching it first appears: a kill in the middle of training, not of the imports."""
+        """SIGKILL `stage`'s run `seconds` after its start, or, with `after` (a glob), that long after the
+        run's first file matching it appears: a kill in the middle of the work, not of the imports."""
         cmd = ["dvc", "repro", "--force", "--single-item", stage]
-        for old in self.repo.glob(CHECKPOINTS.get(stage, "-")):  # finished runs would be reused, not trained
-            old.unlink()
+        self.forget(stage)
+        kept = set(self.repo.glob(PROGRESS.get(stage, "-")))
         proc = subprocess.Popen(cmd, cwd=self.repo, env=env_for(self.repo), start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         t0 = time.time()
-        while after and proc.poll() is None and not any(self.repo.glob(after)):
+        while after and proc.poll() is None and not set(self.repo.glob(after)) - kept:
             time.sleep(0.02)
-        when = f"{seconds:.1f} s after its first checkpoint" if after else f"{seconds:.1f} s"
+        what = "token shard" if stage == "dual_tokenize" else "checkpoint"
+        when = f"{seconds:.1f} s after its first {what}" if after else f"{seconds:.1f} s"
         try:
             proc.wait(timeout=seconds)
             note = f"finished before the kill at {when}"
@@ -172,6 +187,7 @@ class Campaign:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             note = f"killed at {time.time() - t0:.1f} s" + (f", {when}" if after else "")
+        saved = len(set(self.repo.glob(PROGRESS.get(stage, "-"))) - kept)  # by the killed run
         problems = [f"after the kill: {p}" for p in self.differences(allow_absent=True)]
         lost = bool(problems)
         # Computed again, resuming from the killed run's checkpoints: a plain `dvc repro` would check the
@@ -185,8 +201,10 @@ class Campaign:
         if "up to date" not in status.stdout + status.stderr:
             problems.append(f"`dvc status` is not clean: {status.stdout.strip()[:300]}")
         lost = lost or bool(problems)
-        self.record("kill", f"{stage} at {when}", problems, lost, False,
-                    f"{note}; the rerun {'resumed from its checkpoint' if RESUMED.search(log) else 'ran'}")
+        rerun = ("resumed from its checkpoint" if RESUMED.search(log) else
+                 f"trained {sum(map(int, TRAINED.findall(log)))} runs, the killed grid had saved {saved}"
+                 if stage == "finetune" else "ran")
+        self.record("kill", f"{stage} at {when}", problems, lost, False, f"{note}; the rerun {rerun}")
 
     # -- damaged inputs and a full disk
 
@@ -339,8 +357,8 @@ def main() -> None:
         n = kills // len(KILL_STAGES) + (i < kills % len(KILL_STAGES))
         seconds = None  # the stage's uninterrupted time, measured once a kill needs it
         for k in range(n):
-            if k % 2 == 0 and stage in CHECKPOINTS:  # every other kill, the first, lands in training after a checkpoint
-                c.kill(stage, rng.uniform(0.0, 0.5), after=CHECKPOINTS[stage])
+            if k % 2 == 0 and stage in PROGRESS:  # every other kill, the first, lands in the work it times
+                c.kill(stage, rng.uniform(0.0, 0.5), after=PROGRESS[stage])
             else:  # timings vary: keep most kills inside the run
                 seconds = seconds or c.duration(stage)
                 c.kill(stage, rng.uniform(0.05, 0.8) * seconds)
