@@ -20,8 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Nor does DVC: each `dvc` command the tests run would otherwise fork an analytics daemon that imports DVC
-# again to post a report (27 of them in a suite, about 0.7 CPU-s each, on the cores the tests need).
+# Nor does DVC: each `dvc` command would otherwise fork an analytics daemon, which imports DVC again to post
+# a report, on the cores the tests need.
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 # The suite runs on the CPU everywhere: several tests assert that two runs give bit-equal weights, which
 # holds for fp32 CPU kernels, not for bf16 autocast and cuBLAS, and the finetuning grid would train
