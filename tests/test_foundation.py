@@ -144,6 +144,15 @@ def test_paper_profile_is_an_overlay_of_the_defaults():
     assert list(families(embedded)) == ["bert"]  # one tiny family: the embedded study's time matters
 
 
+def test_the_micro_profile_runs_every_ablation_but_two_epochs_as_the_defaults_write_it():
+    """micro.yaml replaces `adapt.variants` whole to leave out `two_epochs` (no end-to-end test reads its runs):
+    every other variant must stay the defaults' own, and Table 3 lists the same ones."""
+    embedded, micro = profiles.values("embedded"), profiles.values("micro")
+    kept = {name: v for name, v in embedded["adapt"]["variants"].items() if name != "two_epochs"}
+    assert micro["adapt"]["variants"] == kept and list(micro["adapt"]["variants"]) == list(kept)
+    assert micro["finetune"]["ablations"] == [name for name in embedded["finetune"]["ablations"] if name != "two_epochs"]
+
+
 def test_rendered_profiles_are_their_values_with_the_defaults_comments():
     assert profiles.render("embedded") == (ROOT / "xdbert/profiles/embedded.yaml").read_text()
     # the committed params.yaml is written by `xdbert profile embedded`, never by hand

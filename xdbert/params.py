@@ -53,9 +53,10 @@ KEYS = {
 PRECISIONS = ("auto", "bf16", "fp16", "no")
 
 
-class Loader(yaml.SafeLoader):
+class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """YAML 1.2 floats: PyYAML follows YAML 1.1, where `1e-4` (no dot) is a string, not a number.
-    DVC reads params.yaml as YAML 1.2, so `lr: 1e-4` must mean the same number here."""
+    DVC reads params.yaml as YAML 1.2, so `lr: 1e-4` must mean the same number here. libyaml's parser
+    where PyYAML has it: the pure-Python one took 0.14 s for a params file, more than the check it feeds."""
 
 
 Loader.add_implicit_resolver(

@@ -90,7 +90,11 @@ def variant_overrides(params: dict, variant: str) -> tuple[dict, str]:
 
 def setting_key(params: dict, variant: str, key: str) -> str:
     """The full key variant `variant`'s `key` comes from: its own override, or the `adapt` default."""
-    overrides, where = variant_overrides(params, variant)
+    return key_in(*variant_overrides(params, variant), key)
+
+
+def key_in(overrides: dict, where: str, key: str) -> str:
+    """`key`'s full name, given a variant's `overrides` and the key `where` they are written."""
     return f"{where}.{key}" if key in overrides else f"adapt.{key}"
 
 
@@ -139,7 +143,7 @@ class AdaptSettings:
         s = {k: a[k] for k in a if k not in NOT_SETTINGS and k not in overrides} | overrides
 
         def key_of(key: str) -> str:  # name the key the value came from: the variant's override or the default
-            return setting_key(params, variant, key)
+            return key_in(overrides, where, key)
 
         missing = [f.name for f in fields(cls) if f.name not in s]
         if missing:
