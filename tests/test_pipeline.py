@@ -3,7 +3,6 @@ then the fault campaign's short form on the project these tests reproduced."""
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -12,27 +11,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import faults  # noqa: E402
-
-from xdbert import paths  # noqa: E402
+from dvc_cli import ran, sh  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test here runs `dvc repro` on a project of its own
-
-
-def sh(*cmd: str, cwd: Path, log: Path | None = None) -> str:
-    """Run `cmd`, which must succeed; its output, or with `log` its output written to that file instead of
-    pipes: a daemon the command forks inherits them, and a pipe would keep this call waiting until it exits."""
-    if log is None:
-        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    else:
-        with open(log, "w") as f:
-            r = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True)
-        r.stdout, r.stderr = log.read_text(), ""
-    assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}"
-    return r.stdout + r.stderr
-
-
-def ran(log: str) -> set[str]:
-    return {line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage '")}
 
 
 @pytest.fixture(scope="module")
@@ -170,34 +151,6 @@ def test_the_whole_graph_runs_then_skips(repo):
     back = sh("dvc", "repro", "finetune", cwd=repo)
     assert ran(back) == set() and back.count("is cached - skipping run") == 2, back
     assert "up to date" in sh("dvc", "status", cwd=repo)
-
-
-def test_every_experiment_of_a_repository_finds_one_run_cache(tmp_path):
-    """`paths.run_cache` in the workspace, in a `--temp` experiment and in a queued one (both run in a copy
-    under .dvc/tmp/exps without git-ignored files): the same folder, in the repository's DVC cache."""
-    repo, seen = tmp_path / "repo", tmp_path / "seen.txt"
-    repo.mkdir()
-    (repo / "params.yaml").write_text("n: 0\n")
-    (repo / "where.py").write_text("import sys\nfrom xdbert import paths\n"
-                                   "with open(sys.argv[1], 'a') as f:\n    f.write(f'{paths.run_cache().resolve()}\\n')\n")
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"where": {"cmd": f"python where.py {seen}", "params": ["n"]}}}))
-    sh("git", "init", "-q", cwd=repo)
-    sh("dvc", "init", "-q", cwd=repo)
-    sh("git", "add", "-A", cwd=repo)
-    sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base", cwd=repo)
-    sh("dvc", "repro", cwd=repo)
-    sh("dvc", "exp", "run", "--temp", "-S", "n=1", cwd=repo)
-    sh("dvc", "exp", "run", "--queue", "-S", "n=2", cwd=repo)
-    try:
-        # its worker lives on for seconds after the experiment ran; the loop below waits for the experiment only
-        sh("dvc", "queue", "start", cwd=repo, log=tmp_path / "queue-start.log")
-        for _ in range(300):
-            if seen.is_file() and len(seen.read_text().splitlines()) == 3:
-                break
-            time.sleep(0.5)
-    finally:
-        sh("dvc", "queue", "stop", cwd=repo)
-    assert seen.read_text().splitlines() == [str((repo / ".dvc" / "cache" / paths.RUN_CACHE_NAME).resolve())] * 3
 
 
 def test_a_pushed_run_is_pulled_not_recomputed(repo, tmp_path):
