@@ -64,7 +64,8 @@ from xdbert.mirror import write_encoder_weights  # noqa: E402
 from xdbert.model.build import build_xdbert  # noqa: E402
 from xdbert.model.clip_tower import CLIPTextTower  # noqa: E402
 from xdbert.model.saving import save_clip_tower  # noqa: E402
-from xdbert.model.settings import ModelSettings, ablation_family, family_names  # noqa: E402
+from xdbert.model.families import ablation_family, family_names  # noqa: E402
+from xdbert.model.settings import ModelSettings  # noqa: E402
 from xdbert.profiles import values  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,8 +192,9 @@ TOKENS_PER_EXAMPLE = 38.0
 
 def finetune_tokens(p: dict, tokens_per_example: float = TOKENS_PER_EXAMPLE) -> dict[str, dict[str, float]]:
     """Real training tokens of the paper profile's finetuning grid, per family and model kind."""
-    from xdbert.data.tasks.registry import get_task, task_names
-    from xdbert.finetuning.settings import FinetuneSettings
+    from xdbert.data.tasks.names import task_names
+    from xdbert.data.tasks.registry import get_task
+    from xdbert.finetuning.control.settings import FinetuneSettings
 
     out: dict[str, dict[str, float]] = {}
     for name in task_names(p):

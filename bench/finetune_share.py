@@ -19,9 +19,9 @@ counts 6 x the model's parameters outside embedding tables, as the cost table co
 (bench/adapt_stage_speed.py `--full-mfu`), and its projection is the paper grid's BERT-b `full` runs.
 `--compile` compiles every run as `finetune.compile` does (on a GPU with CUDA graphs); `--compile-mode
 default` compiles without them, for comparison. `--cuda-graph` records each whole step as one CUDA graph
-(`finetune.cuda_graph`, xdbert.finetuning.graphed; compiled runs then compile without torch's).
+(`finetune.cuda_graph`, xdbert.finetuning.compute.graphed; compiled runs then compile without torch's).
 `--stack K` trains each process's seeds K at a time as one stacked model (`finetune.stack`,
-xdbert.finetuning.stacked): one call computes K runs, so `--runs 1 --stack 8 --seeds 8` puts 8 runs on
+xdbert.finetuning.compute.stacked): one call computes K runs, so `--runs 1 --stack 8 --seeds 8` puts 8 runs on
 the GPU in one process, against `--runs 8` in 8 processes.
 
     python bench/finetune_share.py [--size base] [--kind encoder|full] [--task rte] [--runs 1,2,4,8] [--seeds 2] [--train 4000]
@@ -55,10 +55,10 @@ from provenance import code_version, describe  # noqa: E402
 
 from xdbert.data.synthetic.tasks import generate_task  # noqa: E402
 from xdbert.data.tasks.registry import get_task  # noqa: E402
-from xdbert.finetuning import loop  # noqa: E402
-from xdbert.finetuning.grid import groups  # noqa: E402
-from xdbert.finetuning.job import prepare  # noqa: E402
-from xdbert.finetuning.stacked import train_group  # noqa: E402
+from xdbert.finetuning.compute import loop  # noqa: E402
+from xdbert.finetuning.compute.keys import groups  # noqa: E402
+from xdbert.finetuning.compute.stacked import train_group  # noqa: E402
+from xdbert.finetuning.control.prepare import prepare  # noqa: E402
 from xdbert.profiles import values  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -51,12 +51,12 @@ from xdbert import params
 from xdbert.data.synthetic.tasks import generate_task
 from xdbert.data.tasks.metrics import compute_metrics
 from xdbert.data.tasks.registry import TaskSpec, get_task
-from xdbert.finetuning import data as fd
-from xdbert.finetuning.grid import run_seeds
-from xdbert.finetuning.heads import outputs_of
-from xdbert.finetuning.job import prepare
-from xdbert.finetuning.loop import pad_multiple, train_seed
-from xdbert.finetuning.settings import FinetuneSettings
+from xdbert.finetuning.compute import data as fd
+from xdbert.finetuning.compute.heads import outputs_of
+from xdbert.finetuning.compute.loop import pad_multiple, train_seed
+from xdbert.finetuning.control.grid import run_seeds
+from xdbert.finetuning.control.prepare import prepare
+from xdbert.finetuning.control.settings import FinetuneSettings
 from xdbert.profiles import values
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,8 +35,8 @@ from provenance import code_version, describe  # noqa: E402
 
 from xdbert.data.synthetic.tasks import generate_task  # noqa: E402
 from xdbert.data.tasks.registry import get_task  # noqa: E402
-from xdbert.finetuning.job import prepare  # noqa: E402
-from xdbert.finetuning.loop import train_seed  # noqa: E402
+from xdbert.finetuning.compute.loop import train_seed  # noqa: E402
+from xdbert.finetuning.control.prepare import prepare  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

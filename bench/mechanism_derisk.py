@@ -167,7 +167,8 @@ def main() -> None:
     from xdbert import params, paths
     from xdbert.adaptation import pretraining
     from xdbert.adaptation.loop import BatchMaker, adapt
-    from xdbert.adaptation.settings import AdaptSettings, PretrainSettings
+    from xdbert.adaptation.pretrain_settings import PretrainSettings
+    from xdbert.adaptation.settings import AdaptSettings
     from xdbert.analysis import probe
     from xdbert.analysis.representations import encoder_features, neutral_sentences, tower_features
     from xdbert.clip import clip_special_ids, clip_tokenizer
@@ -175,6 +176,7 @@ def main() -> None:
     from xdbert.data.synthetic import words as C
     from xdbert.model.build import build_xdbert
     from xdbert.model.clip_tower import CLIPTextTower
+    from xdbert.model.files import CLIP_CONFIG
     from xdbert.model.saving import load_clip_tower, save_adapted, save_clip_tower
     from xdbert.model.settings import ModelSettings
 
@@ -227,7 +229,7 @@ def main() -> None:
         directory = work / f"tower_{name}_{args.clip_steps}"
         cap_blocks = ctok(captions[name])
         mixed = torch.cat([cap_blocks, corpus_blocks[torch.arange(len(cap_blocks)) % len(corpus_blocks)]])
-        if (directory / paths.CLIP_CONFIG).is_file():  # trained by an earlier run with the same steps
+        if (directory / CLIP_CONFIG).is_file():  # trained by an earlier run with the same steps
             tower, _ = load_clip_tower(directory)
             trained = {"reused": str(directory)}
         else:

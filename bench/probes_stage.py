@@ -1,8 +1,9 @@
 """The `probes` stage's time and peak memory at the paper's sizes, random weights, through the stage's own code.
 
-The rows are the paper profile's (`stages/probes.py` `read`), each loaded by the stage's `load_row` and probed by
-its `probe` with the profile's `probes` settings (cv_folds, n_boot) and `--jobs` cores, on ViComTe and CoDa at
-their real sizes (xdbert.mirror's `--sizes paper`: made-up subjects and templates, the real counts).
+The rows are the paper profile's (xdbert.analysis.probe_rows `study_rows`), each loaded by its `load_row` and
+probed by xdbert.analysis.probes `probe` with the profile's `probes` settings (cv_folds, n_boot) and `--jobs` cores,
+on ViComTe and CoDa at their real sizes (xdbert.mirror's `--sizes paper`: made-up subjects and templates, the real
+counts).
 
 First it writes, in a temporary project folder (the stage reads every path relative to the cwd), what the stage
 reads there, with random weights at the released configs: each row's adapted encoder (models/adapted, by
@@ -42,7 +43,6 @@ Writes bench/results/probes_stage.md and .json (or under --out).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -64,14 +64,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MEASURED = "measured.json"  # what the child process writes in the project folder
 REFERENCE_KEY, CODA_KEY = "probes.reference", "probes.coda_hub_id"
 HEAD = " with MLM head"  # in a kind of row: an encoder whose MLM head runs the cloze
-
-
-def load_stage():
-    """stages/probes.py (stages/ is no package)."""
-    spec = importlib.util.spec_from_file_location("stage_probes", ROOT / "stages" / "probes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def paper_params() -> dict:
@@ -204,16 +196,16 @@ def children_peak_mib() -> float:
 
 
 def measure(args) -> None:
-    """In the project folder (the cwd): the stage's `probe` on the chosen rows; writes MEASURED."""
+    """In the project folder (the cwd): the probes study's `probe` on the chosen rows; writes MEASURED."""
+    from xdbert.analysis import probes as study
+    from xdbert.analysis.probe_rows import load_row, study_rows
     from xdbert.data.coda import load_coda
     from xdbert.data.probes import ProbesSettings
     from xdbert.data.vicomte import load_relation
-    from xdbert.reports.probes import comparisons
 
-    stage = load_stage()
     p = paper_params()
     s = ProbesSettings.from_params(p)
-    rows = chosen_rows(args, stage.read(p).rows, p)
+    rows = chosen_rows(args, study_rows(p, s.reference), p)
     start = time.perf_counter()
     relations = {r: load_relation(s.vicomte_dir, r) for r in args.relations}
     coda = load_coda(s.coda_hub_id)
@@ -232,7 +224,7 @@ def measure(args) -> None:
     def load(row):
         current.update(row=row.name, start=time.perf_counter())
         times[row.name] = {"load": 0.0, "features": 0.0, "cloze": 0.0}
-        loaded = timed("load", stage.load_row)(row)
+        loaded = timed("load", load_row)(row)
         return loaded._replace(features=timed("features", loaded.features))
 
     def say(line: str) -> None:
@@ -242,17 +234,17 @@ def measure(args) -> None:
         workers.append(children_peak_mib())  # the row's fits are done; its workers are still there
         print(f"{line} ({t['wall']:.1f} s)", flush=True)
 
-    stage.cloze_scores = timed("cloze", stage.cloze_scores)  # the stage's own, timed: row_outputs calls it by name
-    results = stage.probe(rows, load, relations, coda, cv_folds=s.cv_folds, n_boot=s.n_boot, jobs=args.jobs, say=say)
+    study.cloze_scores = timed("cloze", study.cloze_scores)  # the study's own, timed: row_outputs calls it by name
+    results = study.probe(rows, load, relations, coda, cv_folds=s.cv_folds, n_boot=s.n_boot, jobs=args.jobs, say=say)
     total = time.perf_counter() - start
     Path(MEASURED).write_text(json.dumps({
         "rows": [{"name": r.name, "kind": kind_of(r, p), **times[r.name]} for r in rows],
         "data_seconds": data_seconds, "differences_seconds": total - data_seconds - sum(t["wall"] for t in times.values()),
-        "comparisons": len(comparisons(results["models"])), "total_seconds": total,
+        "comparisons": len(study.comparisons(results["models"])), "total_seconds": total,
         "peak_rss_mib": {"stage": peak_mib("self"), "children": max(workers)},
         "cv_folds": s.cv_folds, "n_boot": s.n_boot, "templates": {r: len(v.templates) for r, v in relations.items()},
-        "subjects": {r: len(stage.subjects_of(v)) for r, v in relations.items()},
-        "coda_objects": len(stage.coda_test_objects(coda))}, indent=2) + "\n", encoding="utf-8")
+        "subjects": {r: len(study.subjects_of(v)) for r, v in relations.items()},
+        "coda_objects": len(study.coda_test_objects(coda))}, indent=2) + "\n", encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -286,7 +278,7 @@ def extrapolate(measured: dict, all_rows: list, p: dict) -> dict:
     """Every row of the profile at the mean wall seconds of the measured rows of its kind, or, for an encoder without
     a head that none was measured of, of its size's rows with a head less their cloze (the same load, features and
     fits); the bootstraps at the measured seconds per comparison. `missing`: kinds neither gives (then no total)."""
-    from xdbert.reports.probes import comparisons
+    from xdbert.analysis.probes import comparisons
 
     measured_kinds: dict[str, list[dict]] = {}
     for r in measured["rows"]:
@@ -381,11 +373,12 @@ def main() -> None:
         measure(args)
         return
     from xdbert import rehearse
+    from xdbert.analysis.probe_rows import study_rows
+    from xdbert.data.probes import ProbesSettings
     from xdbert.numerics import cpu_description
 
     p = paper_params()
-    stage = load_stage()
-    all_rows = stage.read(p).rows
+    all_rows = study_rows(p, ProbesSettings.from_params(p).reference)
     rows = chosen_rows(args, all_rows, p)
     load_average = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="probes-bench-") as tmp:

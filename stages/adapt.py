@@ -23,7 +23,8 @@ import sys
 from xdbert import io, params, paths, runlog
 from xdbert.adaptation.settings import AdaptSettings, setting_key
 from xdbert.errors import PipelineError
-from xdbert.model.settings import ModelSettings, ablation_family
+from xdbert.model.families import ablation_family
+from xdbert.model.settings import ModelSettings
 from xdbert.stage import run
 
 

@@ -36,7 +36,7 @@ def main() -> None:
     from xdbert.data import shards
     from xdbert.data.tasks.registry import get_task, read_split
     from xdbert.data.tokenization.vocab import load_encoder_tokenizer
-    from xdbert.finetuning import data as fd
+    from xdbert.finetuning.compute import data as fd
     from xdbert.model.saving import load_full
     from xdbert.reports.header import header
 

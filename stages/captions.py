@@ -30,7 +30,7 @@ def main() -> None:
     profile, s = read(P.load())
     s.check_file()
 
-    from xdbert.analysis.grounding import caption_word_counts, wordpiece_tokenizer
+    from xdbert.analysis.grounding import WORD_COUNTS_FILE, caption_word_counts, wordpiece_tokenizer
     from xdbert.data.tokenization.vocab import load_encoder_tokenizer
 
     tokenize, prefix, _ = wordpiece_tokenizer(load_encoder_tokenizer(TOKENIZER))
@@ -43,8 +43,8 @@ def main() -> None:
         if s.mechanism.enabled:
             C.write_coco_captions(made["nofacts"], tmp / C.NOFACTS_FILE)
             io.write_json(tmp / C.FACTS_FILE, {"seed": s.mechanism.seed, **C.facts_record(s.mechanism.facts())})
-        io.write_json(tmp / C.WORD_COUNTS_FILE, {"source": source, "captions": len(made["real"]),
-                                                 "counts": dict(counts.most_common())})
+        io.write_json(tmp / WORD_COUNTS_FILE, {"source": source, "captions": len(made["real"]),
+                                               "counts": dict(counts.most_common())})
     print(f"captions ({profile}): {len(made['real']):,} from {source}; {len(counts):,} distinct words"
           + (f"; the facts of seed {s.mechanism.seed} and their twin" if s.mechanism.enabled else ""))
 

@@ -2,8 +2,8 @@
 
     python stages/finetune.py
 
-Every run of every family and task (`xdbert.finetuning.runs`) is submitted at once to the grid's Ray
-workers (xdbert.finetuning.grid), so a machine's cores and GPUs, or a cluster's, are all kept busy.
+Every run of every family and task (`xdbert.finetuning.control.runs`) is submitted at once to the grid's Ray
+workers (xdbert.finetuning.control.grid), so a machine's cores and GPUs, or a cluster's, are all kept busy.
 Results: results/finetune/<task>/<family>/<run>/{metrics.json,predictions.parquet} (CLIP-T:
 <task>/clip_t, <task>/clip_nofacts_t), the folder written atomically; with the mechanism study on, its rows
 on `vis` and the control task too (`Study.mechanism_runs`). Every finished run is also kept in the run cache
@@ -23,9 +23,10 @@ def read(p: dict) -> tuple:
     """(profile, the study's families, each task's settings): every param this stage reads, checked;
     tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
     from xdbert.data.mechanism import VIS, MechanismSettings
-    from xdbert.data.tasks.registry import get_task, task_names
-    from xdbert.finetuning.settings import FinetuneSettings
-    from xdbert.model.settings import families
+    from xdbert.data.tasks.names import task_names
+    from xdbert.data.tasks.registry import get_task
+    from xdbert.finetuning.control.settings import FinetuneSettings
+    from xdbert.model.families import families
 
     mechanism = MechanismSettings.from_params(p)  # its rows on `vis` and on its control task, where it is on
     tasks = task_names(p) + ([VIS] if mechanism.enabled else [])
@@ -33,8 +34,8 @@ def read(p: dict) -> tuple:
 
 
 def main() -> None:
-    from xdbert.finetuning import data as fd
-    from xdbert.finetuning.runs import check_model_folders
+    from xdbert.finetuning.compute import data as fd
+    from xdbert.finetuning.control.runs import check_model_folders
 
     profile, study_families, task_settings = read(params.load())
     plan, tables = [], {}
@@ -46,11 +47,11 @@ def main() -> None:
         plan.append((task, settings, runs))
 
     # Heavy imports only once the inputs are known to be good: a typo fails in a second.
-    from xdbert.finetuning.engine import check_address, runs_per_gpu_from_env, workers_from_env
-    from xdbert.finetuning.grid import run_grid
-    from xdbert.finetuning.job import prepare
-    from xdbert.finetuning.progress import say
-    from xdbert.finetuning.results import summarize, write_results
+    from xdbert.finetuning.control.engine import check_address, runs_per_gpu_from_env, workers_from_env
+    from xdbert.finetuning.control.grid import run_grid
+    from xdbert.finetuning.control.prepare import prepare
+    from xdbert.finetuning.control.progress import say
+    from xdbert.finetuning.control.results import summarize, write_results
 
     # The machine's settings, checked before the tasks are tokenized (a CPU machine never reads the GPU's)
     workers = workers_from_env()

@@ -14,21 +14,21 @@ from collections import Counter
 from xdbert import io
 from xdbert import params as P
 from xdbert.analysis import grounding as G
-from xdbert.data.captions import read_word_counts
+from xdbert.analysis.grounding_settings import GroundingSettings
 from xdbert.paths import CAPTIONS, FIGURE4, GROUNDING_METRICS, TOKENIZER, report
 from xdbert.stage import run
 
 
-def read(p: dict) -> tuple[str, G.GroundingSettings]:
+def read(p: dict) -> tuple[str, GroundingSettings]:
     """(profile, settings): every param this stage reads, checked; tools/dvc_yaml.py records them for its
     `params:` in dvc.yaml."""
-    return p["profile"], G.GroundingSettings.from_params(p, files=False)
+    return p["profile"], GroundingSettings.from_params(p, files=False)
 
 
 def main() -> None:
     profile, s = read(P.load())
     s.check_files()
-    counted = read_word_counts(CAPTIONS)
+    counted = G.read_word_counts(CAPTIONS)
 
     from xdbert.analysis import figure4
     from xdbert.data.tokenization.vocab import load_encoder_tokenizer

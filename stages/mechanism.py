@@ -19,8 +19,8 @@ from xdbert import io
 from xdbert import params as P
 from xdbert.data.mechanism import CAPTION_MLM, NOFACTS, VIS, MechanismSettings
 from xdbert.errors import PipelineError
-from xdbert.finetuning.runs import Run, Study
-from xdbert.model.settings import ablation_family
+from xdbert.finetuning.control.runs import Run, Study
+from xdbert.model.families import ablation_family
 from xdbert.paths import (
     CORPUS, MECHANISM_METRICS, MODELS, PRETRAIN_CLIP, PRETRAIN_CLIP_NOFACTS, TASKS, TOKENIZER, VIS_KINDS, adapted,
     crossmodal, predictions, pretrain_encoder, report,
@@ -61,7 +61,7 @@ def read(p: dict) -> Plan:
 
 def model_folders(plan: Plan) -> dict[str, tuple[Path, str]]:
     """Every model the probe reads, by its probe row name: (its folder, the file a complete one has)."""
-    from xdbert.paths import CLIP_CONFIG, CROSSMODAL_CONFIG
+    from xdbert.model.files import CLIP_CONFIG, CROSSMODAL_CONFIG
 
     s, fam = plan.s, plan.family
     folders = {f"tower {t}": (MODELS / t, CLIP_CONFIG) for t in s.clip_towers}
@@ -150,8 +150,8 @@ def study(plan: Plan, control_split: str, replication) -> tuple[dict, str]:
     from xdbert.data.synthetic.world import vis_examples
     from xdbert.data.tasks.registry import get_task
     from xdbert.data.tokenization.vocab import load_encoder_tokenizer
+    from xdbert.finetuning.control.predictions import RERUN, read_predictions
     from xdbert.model.saving import load_clip_tower, load_full
-    from xdbert.reports.aggregate import RERUN, read_predictions
     from xdbert.reports.header import header
 
     s, g, seed = plan.s, plan.s.gates, plan.s.seed

@@ -15,7 +15,7 @@ weights, except that its captions state the twin's attributes. Checkpoints go to
 run resumes.
 """
 from xdbert import io, params, paths, runlog
-from xdbert.adaptation.settings import PretrainSettings
+from xdbert.adaptation.pretrain_settings import PretrainSettings
 from xdbert.data.mechanism import caption_share, study_on
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ModelSettings

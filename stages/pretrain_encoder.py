@@ -13,7 +13,7 @@ used as downloaded. Checkpoints go to checkpoints/pretrain_encoder/<family>.pt, 
 import sys
 
 from xdbert import io, params, paths, runlog
-from xdbert.adaptation.settings import PretrainSettings
+from xdbert.adaptation.pretrain_settings import PretrainSettings
 from xdbert.errors import PipelineError
 from xdbert.model.settings import ModelSettings
 from xdbert.stage import run

@@ -15,7 +15,8 @@ from __future__ import annotations
 from xdbert import io
 from xdbert import params as P
 from xdbert.analysis import pwcca as W
-from xdbert.model.settings import ModelSettings, family
+from xdbert.model.families import family
+from xdbert.model.settings import ModelSettings
 from xdbert.paths import PRETRAIN_CLIP, PWCCA_METRICS, TOKENIZER, report
 from xdbert.stage import run
 
@@ -37,7 +38,8 @@ def main() -> None:
 
     from xdbert.clip import clip_tokenizer
     from xdbert.data.tokenization.vocab import load_encoder_tokenizer
-    from xdbert.model.encoders import build_language_encoder, encoder_source
+    from xdbert.model.build import encoder_source
+    from xdbert.model.encoders import build_language_encoder
     from xdbert.model.saving import load_clip_tower
     from xdbert.random_encoder import RANDOM_PREFIX
     from xdbert.reports.header import header

@@ -73,7 +73,7 @@ def local_ray(_ray_stopped_after_module):
     a test stopped it) and stopped after the module's last test: starting and stopping one took about 4 s
     of each grid test. `run_grid` joins it, as the stage joins a cluster (`engine.connect` starts nothing
     while Ray runs)."""
-    from xdbert.finetuning import engine
+    from xdbert.finetuning.control import engine
 
     engine.connect()
     yield

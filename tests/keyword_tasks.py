@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from xdbert.data.tasks.registry import TaskSpec, get_task, to_table
-from xdbert.finetuning.settings import FinetuneSettings
+from xdbert.finetuning.control.settings import FinetuneSettings
 from xdbert.profiles import values
 
 FILLER = "the a of to in on at with from river stone cloud table green small quiet early north paper".split()

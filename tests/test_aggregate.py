@@ -11,8 +11,9 @@ import pytest
 from xdbert import io
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
+from xdbert.finetuning.control.predictions import read_predictions
 from xdbert.profiles import values
-from xdbert.reports.aggregate import bootstrap_replicates, compare, read_predictions
+from xdbert.reports.aggregate import bootstrap_replicates, compare
 from xdbert.reports.settings import AggregateSettings
 
 RTE = get_task("rte")

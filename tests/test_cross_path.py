@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from xdbert.clip import clip_special_ids
 from xdbert.data.tasks.registry import get_task
-from xdbert.finetuning.heads import FullModelClassifier, RowSubsetEmbedding
+from xdbert.finetuning.compute.heads import FullModelClassifier, RowSubsetEmbedding
 from xdbert.model.modeling import XDBertConfig, XDBertModel, clip_path_cut
 
 SOT, EOT = clip_special_ids("xdbert-tiny")

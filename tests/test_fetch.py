@@ -69,9 +69,10 @@ def hand_files(root: Path) -> None:
 def test_the_paper_profile_names_its_hub_assets_and_the_embedded_one_none():
     assert [(a.key, a.repo_id, a.repo_type) for a in fetch.hub_assets(values("paper"))] == PAPER_ASSETS
     assert fetch.hub_assets(values("embedded")) == []
-    assert provided.files(values("paper")) == [("tasks.read_path", Path(CSV)), ("grounding.captions", Path(COCO))] + [
+    assert provided.files(values("paper")) == [("tasks.read_path", Path(CSV)), ("grounding.captions", Path(COCO))]
+    assert fetch.provided_files(values("paper")) == provided.files(values("paper")) + [
         ("probes.vicomte_dir", path) for relation in ("color", "shape", "material") for path in vicomte.files(VICOMTE, relation)]
-    assert provided.files(values("embedded")) == []
+    assert fetch.provided_files(values("embedded")) == []
 
 
 def test_fetch_asks_for_every_asset_and_pins_the_commits_the_hub_gave(cache, tmp_path):
@@ -224,6 +225,6 @@ def test_a_hand_provided_file_outside_inputs_is_read_with_a_note(tmp_path, monke
     p = values("paper")
     (tmp_path / "elsewhere.csv").write_text((tmp_path / CSV).read_text())
     p["tasks"]["read_path"] = "elsewhere.csv"
-    provided.check(p)
+    provided.check_files(provided.files(p))
     assert capsys.readouterr().out.strip() == ("note: elsewhere.csv (`tasks.read_path`) is outside inputs/, which DVC "
                                                "tracks: replacing it will not rerun the stages that read it")

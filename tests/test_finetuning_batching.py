@@ -1,4 +1,4 @@
-"""Batches (xdbert.finetuning.data): length-grouped order, dynamic padding, lengths rounded up to 8."""
+"""Batches (xdbert.finetuning.compute.data): length-grouped order, dynamic padding, lengths rounded up to 8."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +7,9 @@ import torch
 
 from keyword_tasks import keyword_tables
 from xdbert.data.tasks.registry import get_task
-from xdbert.finetuning import data as fd
-from xdbert.finetuning.heads import EncoderClassifier
-from xdbert.finetuning.loop import pad_multiple
+from xdbert.finetuning.compute import data as fd
+from xdbert.finetuning.compute.heads import EncoderClassifier
+from xdbert.finetuning.compute.loop import pad_multiple
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

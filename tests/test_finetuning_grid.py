@@ -1,4 +1,4 @@
-"""The grid of runs (xdbert.finetuning.grid, engine): Ray workers and their plan, a killed worker, the run
+"""The grid of runs (xdbert.finetuning.control.grid, engine): Ray workers and their plan, a killed worker, the run
 cache and its keys."""
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from keyword_tasks import keyword_tables, settings
 from xdbert import numerics, training
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
-from xdbert.finetuning import cores, engine, grid, progress
-from xdbert.finetuning import job as job_module
-from xdbert.finetuning.job import prepare
-from xdbert.finetuning.loop import train_seed
-from xdbert.finetuning.stacked import train_group
+from xdbert.finetuning.compute import keys
+from xdbert.finetuning.compute.loop import train_seed
+from xdbert.finetuning.compute.stacked import train_group
+from xdbert.finetuning.control import cores, engine, grid, progress, sizes
+from xdbert.finetuning.control.prepare import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,8 +139,8 @@ def test_a_runs_cost_leaves_out_its_token_embedding_tables(tmp_path):
                "encoder.embeddings.word_embeddings.weight": np.zeros((50, 4), np.float32),
                "encoder.embeddings.position_embeddings.weight": np.zeros((8, 4), np.float32),
                "cross.0.weight": np.zeros((4, 3), np.float32)}, str(tmp_path / "full" / "model.safetensors"))
-    assert job_module.compute_parameters(tmp_path / "full") == 8 * 4 + 4 * 3
-    assert job_module.model_parameters(tmp_path / "full") >= (100 + 50 + 8) * 4 + 12
+    assert sizes.compute_parameters(tmp_path / "full") == 8 * 4 + 4 * 3
+    assert sizes.model_parameters(tmp_path / "full") >= (100 + 50 + 8) * 4 + 12
 
 
 def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir, local_ray):
@@ -253,18 +253,17 @@ def test_a_ray_address_is_checked_for_ipv4_and_ipv6_heads(monkeypatch):
         assert f"nothing answers at {written}:{port}" in str(refused.value)
 
 
-def test_saved_runs_are_keyed_by_the_code_the_grid_runs_and_no_other():
+def test_saved_runs_are_keyed_by_the_code_a_run_computes_with_and_no_other():
     """A saved run is stale when the code it ran changes (its modules, followed through imports, and the MKL
-    library's source), not when a report, an analysis or the adaptation changes."""
-    root = job_module.imports.ROOT
-    files = {str(p.relative_to(root)) for p in job_module.code_files()}
-    assert {"xdbert/finetuning/loop.py", "xdbert/finetuning/stacked.py", "xdbert/finetuning/heads.py",
+    library's source), not when the grid's control, a report, an analysis or the adaptation changes."""
+    root = keys.imports.ROOT
+    files = {str(p.relative_to(root)) for p in keys.code_files()}
+    assert {"xdbert/finetuning/compute/loop.py", "xdbert/finetuning/compute/stacked.py", "xdbert/finetuning/compute/heads.py",
             "xdbert/model/modeling.py", "xdbert/data/tasks/metrics.py", "xdbert/numerics.py", "xdbert/mkl_dispatch.c"} <= files
     assert not files & {"xdbert/reports/tables.py", "xdbert/analysis/grounding.py", "xdbert/adaptation/loop.py",
-                        "xdbert/cli.py", "xdbert/finetuning/progress.py"}, files  # progress: the log alone
-    assert "xdbert/finetuning/progress.py" in {str(p.relative_to(root)) for p in job_module.imports.closure(
-        root / "xdbert/finetuning/grid.py")}  # imported by the grid, and still left out
-    assert len(job_module.code_digest()) == 16
+                        "xdbert/cli.py", "xdbert/params.py", "xdbert/paths.py"}, files
+    assert not [f for f in files if f.startswith("xdbert/finetuning/control/")], files  # the grid, its log, its settings
+    assert len(keys.code_digest()) == 16
 
 
 def test_a_run_is_keyed_by_the_settings_its_kind_reads(bert_dir):
@@ -273,12 +272,12 @@ def test_a_run_is_keyed_by_the_settings_its_kind_reads(bert_dir):
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 8, 4), settings(get_task("sst2")))
     h = job.hyperparameters
     for kind in ("encoder", "clip", "full"):
-        base = grid.run_key(dataclasses.replace(job, model_kind=kind), 0, "cpu")
+        base = keys.run_key(dataclasses.replace(job, model_kind=kind), 0, "cpu")
         for change, read in (({"dropout": h.dropout / 2}, kind != "encoder"),
                              ({"clip_blocks_per_sentence": h.clip_blocks_per_sentence + 1}, kind != "encoder"),
                              ({"lr": h.lr * 2}, True)):
             other = dataclasses.replace(job, model_kind=kind, hyperparameters=dataclasses.replace(h, **change))
-            assert (grid.run_key(other, 0, "cpu") != base) == read, (kind, change)
+            assert (keys.run_key(other, 0, "cpu") != base) == read, (kind, change)
 
 
 def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_path, monkeypatch):
@@ -298,7 +297,7 @@ def test_a_killed_grid_resumes_with_the_seeds_it_had_not_finished(bert_dir, tmp_
     with pytest.raises(KeyboardInterrupt):
         grid.run_seeds(job, [0, 1, 2])
     assert sorted(p.name for p in (tmp_path / "finished").iterdir()) == sorted(
-        f"{grid.run_key(job, seed, 'cpu')}.pt" for seed in (0, 1))
+        f"{keys.run_key(job, seed, 'cpu')}.pt" for seed in (0, 1))
     kill[0] = False
     resumed = grid.run_seeds(job, [0, 1, 2])
     assert trained == [0, 1, 2, 2]  # only the seed in flight is trained again
@@ -473,7 +472,7 @@ def test_grids_at_once_share_the_machines_cores(tmp_path, monkeypatch):
     import subprocess
 
     slots = cores.slots_folder(tmp_path / "runs")
-    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from xdbert.finetuning "
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from xdbert.finetuning.control "
                               "import cores; held = cores.claim(Path(sys.argv[1]), 3); print(len(held), flush=True); "
                               "time.sleep(600)", str(slots)], env={**os.environ, "PYTHONPATH": str(ROOT)},
                              stdout=subprocess.PIPE, text=True)

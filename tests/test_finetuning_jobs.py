@@ -1,4 +1,4 @@
-"""Preparing a job (xdbert.finetuning.job): its model and tokenizer folders are checked, and read once."""
+"""Preparing a job (xdbert.finetuning.control.prepare): its model and tokenizer folders are checked, and read once."""
 from __future__ import annotations
 
 import shutil
@@ -8,8 +8,8 @@ import pytest
 from keyword_tasks import keyword_tables, settings
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
-from xdbert.finetuning import job as job_module
-from xdbert.finetuning.job import prepare
+from xdbert.finetuning.compute import keys
+from xdbert.finetuning.control.prepare import prepare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -17,10 +17,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_a_model_folder_is_read_once_for_every_task(bert_dir, tmp_path, monkeypatch):
     """The stage prepares one job per (model, task): each model file is hashed once, and again only once
     it changes."""
-    job_module.code_digest()  # the code's files are hashed once per process anyway
-    reads, sha256_file = [], job_module.sha256_file
-    monkeypatch.setattr(job_module, "sha256_file", lambda path: reads.append(path.name) or sha256_file(path))
-    job_module._file_digest.cache_clear()
+    keys.code_digest()  # the code's files are hashed once per process anyway
+    reads, sha256_file = [], keys.sha256_file
+    monkeypatch.setattr(keys, "sha256_file", lambda path: reads.append(path.name) or sha256_file(path))
+    keys._file_digest.cache_clear()
     model = tmp_path / "model"
     shutil.copytree(bert_dir, model)
     files = sorted(p.name for p in model.rglob("*") if p.is_file())

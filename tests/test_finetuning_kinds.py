@@ -11,12 +11,13 @@ from xdbert import training
 from xdbert.clip import clip_block_mask
 from xdbert.data.tasks.registry import get_task, to_table
 from xdbert.errors import PipelineError
-from xdbert.finetuning import data as fd
-from xdbert.finetuning import loop
-from xdbert.finetuning import job as job_module
-from xdbert.finetuning.heads import RowSubsetEmbedding
-from xdbert.finetuning.job import build_model, prepare
-from xdbert.finetuning.loop import train_seed
+from xdbert.finetuning.compute import data as fd
+from xdbert.finetuning.compute import job as job_module
+from xdbert.finetuning.compute import loop
+from xdbert.finetuning.compute.heads import RowSubsetEmbedding
+from xdbert.finetuning.compute.job import build_model
+from xdbert.finetuning.compute.loop import train_seed
+from xdbert.finetuning.control.prepare import prepare
 from xdbert.model.clip_tower import ClipLayout
 
 pytestmark = pytest.mark.usefixtures("one_thread")

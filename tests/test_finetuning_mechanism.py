@@ -9,12 +9,13 @@ import pytest
 
 from xdbert.data.mechanism import VIS, MechanismSettings
 from xdbert.data.synthetic.words import PATTERNS
-from xdbert.data.tasks.registry import VIS_SPEC, get_task, task_names
+from xdbert.data.tasks.names import task_names
+from xdbert.data.tasks.registry import VIS_SPEC, get_task
 from xdbert.errors import PipelineError
-from xdbert.finetuning.job import code_files
+from xdbert.finetuning.compute.keys import code_files
 from xdbert.params_check import check
-from xdbert.finetuning.runs import Study
-from xdbert.finetuning.settings import FinetuneSettings
+from xdbert.finetuning.control.runs import Study
+from xdbert.finetuning.control.settings import FinetuneSettings
 from xdbert.profiles import values
 from xdbert.reports.settings import AggregateSettings
 

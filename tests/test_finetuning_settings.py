@@ -10,12 +10,12 @@ import pytest
 from keyword_tasks import keyword_tables, save_tiny_bert, settings
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
-from xdbert.finetuning.heads import EncoderClassifier
-from xdbert.finetuning.job import prepare
-from xdbert.finetuning.rates import layer_depths, parameter_groups
-from xdbert.finetuning.runs import Study
-from xdbert.finetuning.settings import FinetuneSettings, learning_rate, size_of
-from xdbert.model.settings import family
+from xdbert.finetuning.compute.heads import EncoderClassifier
+from xdbert.finetuning.compute.rates import layer_depths, parameter_groups
+from xdbert.finetuning.control.prepare import prepare
+from xdbert.finetuning.control.runs import Study
+from xdbert.finetuning.control.settings import FinetuneSettings, learning_rate, size_of
+from xdbert.model.families import family
 from xdbert.profiles import values
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,9 +16,9 @@ from keyword_tasks import keyword_tables, settings
 from xdbert import paths
 from xdbert.data.tasks.registry import get_task, write_tasks
 from xdbert.errors import PipelineError
-from xdbert.finetuning import engine, grid
-from xdbert.finetuning.job import prepare
-from xdbert.finetuning.results import write_results
+from xdbert.finetuning.control import engine, grid
+from xdbert.finetuning.control.prepare import prepare
+from xdbert.finetuning.control.results import write_results
 from xdbert.profiles import values
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Training one seed (xdbert.finetuning.loop): each task kind learns, seeds reproduce, fp16, the NaN
+"""Training one seed (xdbert.finetuning.compute.loop): each task kind learns, seeds reproduce, fp16, the NaN
 guard, compiling."""
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from keyword_tasks import keyword_tables, settings
 from xdbert import training
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
-from xdbert.finetuning import grid, loop
-from xdbert.finetuning.job import build_model, prepare
-from xdbert.finetuning.loop import train_seed
+from xdbert.finetuning.compute import loop
+from xdbert.finetuning.compute.job import build_model
+from xdbert.finetuning.compute.loop import train_seed
+from xdbert.finetuning.control import grid
+from xdbert.finetuning.control.prepare import prepare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from xdbert import io, params, profiles
+from xdbert import io, params, params_check, profiles
 from xdbert.errors import PipelineError
-from xdbert.model.settings import ModelSettings, families
+from xdbert.model.families import families
+from xdbert.model.settings import ModelSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -212,18 +213,22 @@ def test_profile_switch_refuses_bad_input_and_keeps_the_file(tmp_path):
 
 
 def test_every_profile_key_is_known_and_unknown_keys_are_refused(tmp_path):
+    """The key lists beside each section's settings, gathered by `xdbert check`, are the profiles' keys; the
+    sections params.load knows are theirs too."""
+    keys = params_check.SECTION_KEYS
+    assert tuple(keys) == params.SECTIONS
     for name in params.PROFILES:
         values = profiles.values(name)
-        assert {s: tuple(v) for s, v in values.items() if isinstance(v, dict)}.keys() == params.KEYS.keys()
-        for section, keys in params.KEYS.items():
-            assert keys is None or set(values[section]) <= set(keys)  # None: names of the user's (families)
-    assert {k for s in params.KEYS for k in params.KEYS[s] or ()} == {
-        k for name in params.PROFILES for s, v in profiles.values(name).items() if isinstance(v, dict) and params.KEYS[s]
+        assert {s for s, v in values.items() if isinstance(v, dict)} == set(keys)
+        for section, known in keys.items():
+            assert known is None or set(values[section]) <= set(known)  # None: names of the user's (families)
+    assert {(s, k) for s in keys for k in keys[s] or ()} == {
+        (s, k) for name in params.PROFILES for s, v in profiles.values(name).items() if isinstance(v, dict) and keys[s]
         for k in v}
     path = tmp_path / "params.yaml"
     path.write_text("profile: embedded\nadapt: {lrr: 1e-4}\n")
     with pytest.raises(PipelineError, match=r"unknown param `adapt.lrr` \(did you mean `adapt.lr`\?\)"):
-        params.load(path)
+        params_check.check_keys(params.load(path))
     mine = tmp_path / "mine.yaml"  # the file `xdbert check mine.yaml` was given, named as given
     mine.write_text("profile: embedded\nfinetunes: {epochs: 3}\n")
     with pytest.raises(PipelineError, match=r"unknown section `finetunes` in .*mine.yaml \(did you mean `finetune`\?\)"):

@@ -12,9 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from keyword_tasks import keyword_tables, settings
 from xdbert import training
 from xdbert.data.tasks.registry import get_task
-from xdbert.finetuning import graphed, loop, stacked
-from xdbert.finetuning.job import prepare
-from xdbert.finetuning.stacked import train_group
+from xdbert.finetuning.compute import graphed, loop, stacked
+from xdbert.finetuning.compute.stacked import train_group
+from xdbert.finetuning.control.prepare import prepare
 from xdbert.model.clip_tower import ClipLayout
 
 pytestmark = pytest.mark.usefixtures("one_thread")

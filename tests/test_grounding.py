@@ -8,6 +8,7 @@ import pytest
 from conftest import load_stage
 from xdbert.analysis import figure4
 from xdbert.analysis import grounding as G
+from xdbert.analysis.grounding_settings import GroundingSettings
 from xdbert.data.provided import read_coco_captions
 from xdbert.data.synthetic.words import generate_captions
 from xdbert.errors import PipelineError
@@ -224,11 +225,11 @@ def predictions_present(tmp_path, monkeypatch):
 
 
 def test_settings_from_the_embedded_profile(predictions_present):
-    s = G.GroundingSettings.from_params(values("embedded"))
+    s = GroundingSettings.from_params(values("embedded"))
     assert s.tasks == ("rte", "mrpc", "cola") and s.names == ("bert/baseline", "bert/xdbert")
     assert (s.threshold, s.stopwords) == (100, None)
     with pytest.raises(PipelineError, match="`grounding.baseline` and `grounding.model` both name 'xdbert'"):
-        G.GroundingSettings.from_params(grounding_params(baseline="xdbert"), files=False)
+        GroundingSettings.from_params(grounding_params(baseline="xdbert"), files=False)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -243,7 +244,7 @@ def test_settings_from_the_embedded_profile(predictions_present):
 ])
 def test_settings_errors_name_the_key(predictions_present, overrides, message):
     with pytest.raises(PipelineError) as e:
-        G.GroundingSettings.from_params(grounding_params(**overrides))
+        GroundingSettings.from_params(grounding_params(**overrides))
     assert message in str(e.value)
 
 
@@ -251,5 +252,5 @@ def test_a_task_the_study_does_not_finetune_is_refused(predictions_present):
     params = grounding_params()
     params["tasks"]["names"] = ["rte", "mrpc", "sst2"]  # no cola: the finetune stage writes no predictions for it
     with pytest.raises(PipelineError, match="unknown entry of `grounding.tasks` 'cola'; allowed: rte, mrpc, sst2"):
-        G.GroundingSettings.from_params(params, files=False)
+        GroundingSettings.from_params(params, files=False)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xdbert.imports import PACKAGE, closure, imported_modules, module_file
+from xdbert.imports import PACKAGE, closure, imported_modules, module_file, package_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 def stages() -> dict[str, dict]:
@@ -75,11 +75,6 @@ def test_resource_deps_exist():
                 assert (ROOT / dep).exists(), f"dvc.yaml names {dep}, which does not exist"
 
 
-def package_modules() -> list[str]:
-    return sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-                  for p in (ROOT / PACKAGE).rglob("*.py"))
-
-
 def import_graph() -> dict[str, set[str]]:
     """Each package module -> the package modules it imports, lazy imports too, its own parent packages not."""
     graph = {}
@@ -98,20 +93,32 @@ def test_no_import_cycles():
         pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
 
 
-# docs/architecture.md's tiers after the base, in order; the base is every other top-level module of the package
-TIERS = (("data",), ("model",), ("adaptation",), ("finetuning",), ("analysis", "reports"),
-         ("cli", "params_check", "fetch", "fetch_check", "mirror", "mirror_probes", "rehearse"))
+# docs/architecture.md's tiers after the base, in order: (its name, the packages or top-level modules it holds, dotted
+# under xdbert). The base is every other top-level module of the package (and `profiles`, its data).
+TIERS = (("data", ("data",)), ("model", ("model",)), ("adaptation", ("adaptation",)),
+         # `finetuning`'s own `__init__` runs with every compute module, so it is compute's
+         ("finetuning.compute", ("finetuning", "finetuning.compute")), ("finetuning.control", ("finetuning.control",)),
+         ("analysis", ("analysis",)), ("reports", ("reports",)),
+         ("commands", ("cli", "params_check", "fetch", "fetch_check", "mirror", "mirror_probes", "rehearse")))
 
 
 def tier(module: str) -> int:
-    """0 for the base, i + 1 for the i-th of TIERS: xdbert.data.corpus -> 1, xdbert.io -> 0."""
-    top = module.split(".")[1] if "." in module else ""
-    return next((i + 1 for i, names in enumerate(TIERS) if top in names), 0)
+    """0 for the base, i + 1 for the i-th of TIERS, the longest package that holds the module deciding:
+    xdbert.io -> 0, xdbert.data.corpus -> 1, xdbert.finetuning.compute.loop -> 4, xdbert.finetuning.control.grid -> 5."""
+    rel = module.removeprefix("xdbert").removeprefix(".")
+    holders = [(len(name), i + 1) for i, (_, names) in enumerate(TIERS) for name in names
+               if rel == name or rel.startswith(name + ".")]
+    return max(holders)[1] if holders else 0
+
+
+def tier_name(module: str) -> str:
+    return TIERS[tier(module) - 1][0] if tier(module) else "base"
 
 
 def later_tier_imports(graph: dict[str, set[str]]) -> list[str]:
-    name = lambda module: "/".join(TIERS[tier(module) - 1]) if tier(module) else "base"  # noqa: E731
-    return sorted(f"{m} ({name(m)}) imports {d} ({name(d)})" for m, deps in graph.items() for d in deps if tier(d) > tier(m))
+    """Each import of a module from a later tier than its own, both named with their tiers."""
+    return sorted(f"{m} ({tier_name(m)}) imports {d} ({tier_name(d)})"
+                  for m, deps in graph.items() for d in deps if tier(d) > tier(m))
 
 
 def test_no_module_imports_a_later_tier():
@@ -119,15 +126,35 @@ def test_no_module_imports_a_later_tier():
     assert later_tier_imports(import_graph()) == []
 
 
-def test_the_tier_check_sees_a_later_import():
-    graph = import_graph()
+def test_the_tiers_are_the_documented_order():
+    assert [tier_name(f"xdbert.{p}.x") for p in ("io", "data", "model", "adaptation", "finetuning.compute",
+                                                 "finetuning.control", "analysis", "reports", "rehearse")] == \
+        ["base", *(name for name, _ in TIERS)]
     assert tier("xdbert") == tier("xdbert.random_encoder") == tier("xdbert.profiles") == 0
-    assert tier("xdbert.reports.header") == tier("xdbert.analysis.pwcca") < tier("xdbert.mirror")
+    assert tier("xdbert.finetuning") == tier("xdbert.finetuning.compute") == tier("xdbert.finetuning.compute.loop")
+    # a module directly in finetuning/ would count as compute without being in compute/: each is in one or the other
+    assert sorted(p.name for p in (ROOT / PACKAGE / "finetuning").glob("*.py")) == ["__init__.py"]
+
+
+@pytest.mark.parametrize("edge, caught", [
     # the tokenizer's vocabulary once took `random:` from model/settings.py
-    graph["xdbert.data.tokenization.vocab"].add("xdbert.model.settings")
-    graph["xdbert.training"].add("xdbert.cli")
-    assert later_tier_imports(graph) == ["xdbert.data.tokenization.vocab (data) imports xdbert.model.settings (model)",
-                                         "xdbert.training (base) imports xdbert.cli (cli/params_check/fetch/fetch_check/mirror/mirror_probes/rehearse)"]
+    (("xdbert.data.tokenization.vocab", "xdbert.model.settings"),
+     "xdbert.data.tokenization.vocab (data) imports xdbert.model.settings (model)"),
+    (("xdbert.training", "xdbert.cli"), "xdbert.training (base) imports xdbert.cli (commands)"),
+    # the grounding analysis once read the predictions through reports/aggregate.py
+    (("xdbert.analysis.grounding", "xdbert.reports.aggregate"),
+     "xdbert.analysis.grounding (analysis) imports xdbert.reports.aggregate (reports)"),
+    # what a run computes keys the run cache: the grid must stay out of it
+    (("xdbert.finetuning.compute.loop", "xdbert.finetuning.control.grid"),
+     "xdbert.finetuning.compute.loop (finetuning.compute) imports xdbert.finetuning.control.grid (finetuning.control)"),
+])
+def test_the_tier_check_sees_a_planted_later_import(edge, caught):
+    module, planted = edge
+    graph = {module: {"xdbert.io", planted}, planted: set(), "xdbert.io": set()}
+    assert later_tier_imports(graph) == [caught]
+    graph[module].discard(planted)
+    graph[planted].add(module)  # the other way round is allowed
+    assert later_tier_imports(graph) == []
 
 
 def test_modules_stay_small():

@@ -30,6 +30,7 @@ from typer.testing import CliRunner
 
 from xdbert import params as P
 from xdbert import profiles
+from xdbert.params_check import SECTION_KEYS
 from xdbert.analysis.grounding import TASK_TITLES
 from xdbert.cli import app
 from xdbert.data.mechanism import GATE_KEYS, VIS, VIS_SIZES
@@ -38,9 +39,9 @@ from xdbert.data.synthetic.words import EXTRA_OBJECTS, OBJECTS, PATTERNS
 from xdbert.data.tasks.registry import TASK_NAMES
 from xdbert.data.tokenization.vocab import encoder_positions as positions_of
 from xdbert.errors import PipelineError
-from xdbert.finetuning.runs import Study
+from xdbert.finetuning.control.runs import Study
 from xdbert.model import LOSSES, PAPER_LOSSES
-from xdbert.model.settings import FAMILY_KEYS
+from xdbert.model.families import FAMILY_KEYS
 from xdbert.paths import CLIP_TOWERS, PRETRAIN_CLIP_NOFACTS
 
 FUZZ = {"wrong_type": 2, "out_of_range": 2, "unknown_key": 30, "valid": 2}  # examples per key (per test for unknown_key)
@@ -598,9 +599,9 @@ def test_a_value_out_of_range_is_refused_in_one_line_naming_the_key(workdir, key
 
 def unknown_key(p: dict) -> st.SearchStrategy:
     """(params `p` with one key or section that no stage reads, the key the error must name)."""
-    adapt_keys = [k for k in P.KEYS["adapt"] if k not in ("variants", "baseline")]
+    adapt_keys = [k for k in SECTION_KEYS["adapt"] if k not in ("variants", "baseline")]
     places = {  # where -> (the names known there, the key the error names; None: the new key itself)
-        (): ([*P.KEYS, "profile"], None), **{(section,): (keys, None) for section, keys in P.KEYS.items() if keys},
+        (): ([*P.SECTIONS, "profile"], None), **{(section,): (keys, None) for section, keys in SECTION_KEYS.items() if keys},
         ("families",): (list(p["families"]), None),  # a new family that is no mapping
         **{("families", name): (FAMILY_KEYS, f"families.{name}") for name in p["families"]},
         ("tasks", "train_sizes"): (TASK_NAMES, "tasks.train_sizes"), ("finetune", "lr"): ([*TASK_NAMES, VIS], "finetune.lr"),

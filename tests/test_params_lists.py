@@ -18,8 +18,9 @@ import yaml
 from xdbert import params as P
 from xdbert import params_check, profiles
 from xdbert.adaptation.settings import NOT_SETTINGS, AdaptSettings
+from xdbert.errors import PipelineError
 from xdbert.imports import closure
-from xdbert.model.settings import FAMILY_KEYS
+from xdbert.model.families import FAMILY_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -137,7 +138,7 @@ def test_main_reads_params_only_through_read(script):
         f"{script.name}: only main loads params"
 
 
-# -- one hand-kept place per key: params.KEYS and the docs' table are checked against the code ---------------
+# -- one hand-kept place per key: the key lists and the docs' table are checked against the code -------------
 
 def keys_read_by_the_settings() -> dict[str, set[str]]:
     """Per section, the keys `xdbert check` (every stage's settings, every variant and task) reads in some profile."""
@@ -153,13 +154,13 @@ def keys_read_by_the_settings() -> dict[str, set[str]]:
 
 
 def test_params_keys_are_the_keys_the_settings_read():
-    """params.KEYS (which refuses a misspelt key) may stay a literal: a key in it that no settings object reads,
+    """Each section's keys (which refuse a misspelt key) may stay a literal: a key in it that no settings object reads,
     or one read that it lacks, fails here. The adapt section is read whole into a variant's settings, so its
     keys are also AdaptSettings' fields and the keys that name runs."""
     read = keys_read_by_the_settings()
-    for section, keys in P.KEYS.items():
+    for section, keys in params_check.SECTION_KEYS.items():
         assert read[section] == set(keys or FAMILY_KEYS), section
-    assert set(P.KEYS["adapt"]) == {*NOT_SETTINGS, *(f.name for f in fields(AdaptSettings))}
+    assert set(params_check.SECTION_KEYS["adapt"]) == {*NOT_SETTINGS, *(f.name for f in fields(AdaptSettings))}
 
 
 def readers(section: str) -> str:
@@ -177,10 +178,67 @@ def test_the_docs_table_of_keys_is_the_codes():
     table = {row[0].strip("| `"): row for row in rows if len(row) == 4}
     assert list(table) == ["profile", "corpus", "tasks", "mechanism", "hub", "model", "families", "tokenize", "pretrain", "adapt",
                            "finetune", "aggregate", "pwcca", "grounding", "attention", "probes"]
-    assert sorted(table) == sorted(["profile", *P.KEYS])
+    assert sorted(table) == sorted(["profile", *P.SECTIONS])
     for section, (_, keys, _, read_by) in table.items():
-        want = () if section == "profile" else (P.KEYS[section] or FAMILY_KEYS)
+        want = () if section == "profile" else (params_check.SECTION_KEYS[section] or FAMILY_KEYS)
         assert keys == (", ".join(f"`{k}`" for k in want) or "-"), f"docs/profiles.md, `{section}`: keys"
         stages = readers(section) or "no stage"
         assert read_by.removesuffix(" |") == stages or read_by.startswith(stages + "; "), \
             f"docs/profiles.md, `{section}`: read by should be {stages}"
+
+
+# -- a new key reruns the stages that read its section, and no other --------------------------------------
+
+def key_module(section: str) -> str:
+    """The one module that holds `section`'s keys (`<SECTION>_KEYS` at its top level), as dvc.yaml names it."""
+    name = f"{section.upper()}_KEYS"
+    holders = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "xdbert").rglob("*.py"))
+               if any(isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+                      for node in ast.parse(path.read_text(encoding="utf-8")).body)]
+    assert len(holders) == 1, f"{name} must be defined in one module; found {holders}"
+    return holders[0]
+
+
+def stages_with_dep(path: str) -> set[str]:
+    return {name for name, stage in committed().items() if path in stage.get("do", stage)["deps"]}
+
+
+def readers_of(section: str) -> set[str]:
+    """The stages whose dvc.yaml params hold a key of `section`."""
+    return {name for name, stage in committed().items()
+            if any(k == section or k.startswith(section + ".") for k in stage.get("do", stage)["params"])}
+
+
+def test_a_sections_keys_are_code_only_of_the_stages_that_read_it():
+    """Each section's keys are beside its settings, not in xdbert/params.py (a code dep of every stage), so the
+    module holding them is a code dep of the stages that read the section (their `params:` name a key of it)."""
+    params_py = ast.parse((ROOT / "xdbert/params.py").read_text(encoding="utf-8"))
+    assert not [t.id for node in params_py.body if isinstance(node, ast.Assign) for t in node.targets
+                if isinstance(t, ast.Name) and (t.id.endswith("KEYS") or t.id == "KEYS")], "params.py holds no key list"
+    for section, keys in params_check.SECTION_KEYS.items():
+        if keys is None:  # families: the user's names
+            continue
+        extra = stages_with_dep(key_module(section)) - readers_of(section)
+        assert not extra, \
+            f"{key_module(section)}, with the keys of `{section}`, is a code dep of {sorted(extra)}, which do not read it"
+
+
+def test_a_new_key_in_probes_reruns_the_probes_stage_alone():
+    """A new `probes` key: its list (the module holding it) and params.yaml change. dvc.yaml must then call stale
+    the `probes` stage and no other: none but it has the module as a code dep or the section whole as a param."""
+    assert key_module("probes") == "xdbert/data/probes.py"
+    section_whole = {name for name, stage in committed().items() if "probes" in stage.get("do", stage)["params"]}
+    assert stages_with_dep(key_module("probes")) | section_whole == {"probes"}
+    assert readers_of("probes") == {"probes"}
+
+
+def test_xdbert_check_refuses_an_unknown_key_of_a_section_a_stage_does_not_read(tmp_path):
+    """The corpus stage reads no `probes` key, so it starts with a misspelt one; `xdbert check` (CI) refuses it."""
+    path = tmp_path / "params.yaml"
+    path.write_text(profiles.render("embedded").replace("  cv_folds: ", "  cv_fold: 5\n  cv_folds: ", 1))
+    p = P.load(path)
+    assert "cv_fold" in p["probes"]
+    D.load_stage("stages/corpus.py").read(p)  # its sections (corpus, mechanism) are fine
+    with pytest.raises(PipelineError, match=r"^unknown param `probes.cv_fold` \(did you mean `probes.cv_folds`\?\); "
+                                            r"`probes` has: enabled, vicomte_dir, relations, coda_hub_id, reference, cv_folds, n_boot$"):
+        params_check.check_file(path)

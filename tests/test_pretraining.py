@@ -10,10 +10,10 @@ import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, BertConfig, BertForMaskedLM, BertTokenizer
 
 from xdbert.adaptation import pretraining
-from xdbert.adaptation.settings import PretrainSettings
+from xdbert.adaptation.pretrain_settings import PretrainSettings
 from xdbert.errors import PipelineError
 from xdbert.model import IGNORE_INDEX
-from xdbert.model.encoders import encoder_source
+from xdbert.model.build import encoder_source
 from xdbert.profiles import values
 
 WORDS = ["the", "red", "blue", "cat", "dog", "boat", "saw", "built", "park", "hill", "in", "on", "a", "green", "man"]

@@ -1,12 +1,13 @@
-"""reports/probes.md (xdbert/reports/probes.py) on a made-up results dict built the way the stage builds
-it: per-subject results -> vicomte_probe's Scores and LinearProbe -> the entry builders, and every
-difference `comparisons` asks for from `paired_bootstrap`."""
+"""reports/probes.md (xdbert/reports/probes.py) on a made-up results dict built the way the probes study
+(xdbert/analysis/probes.py) builds it: per-subject results -> vicomte_probe's Scores and LinearProbe -> the
+study's entry builders, and every difference `comparisons` asks for from `paired_bootstrap`."""
 import copy
 import re
 
 import numpy as np
 import pytest
 
+from xdbert.analysis import probes as S
 from xdbert.analysis import vicomte_probe as V
 from xdbert.reports import probes as P
 
@@ -41,17 +42,17 @@ def grouping(rng, relation, group):
                                        cv_accuracy=rng.random(3), cv_spearman=rng.random(3)) for m in MODELS}
     cloze = {name: scores(rng, n, 0.4, 0.45) for name in CLOZE_ROWS}
     differences = []
-    for a, b in P.comparisons(MODELS):
+    for a, b in S.comparisons(MODELS):
         for choice in V.CHOICES:
             for metric in V.METRICS:
                 iv = V.paired_bootstrap(probes[a].per_subject(choice, metric), probes[b].per_subject(choice, metric), **BOOT)
-                differences.append(P.difference_entry(a, b, f"linear.{choice}.{metric}", iv))
+                differences.append(S.difference_entry(a, b, f"linear.{choice}.{metric}", iv))
         if a in cloze and b in cloze:
             raise AssertionError("no XD row has a cloze")
     return {"n_test": n,
             "majority": {"class": "white", "accuracy": 0.375, "prior_spearman": 0.31, "prior_spearman_all": 0.29},
-            "linear": {name: P.linear_entry(p) for name, p in probes.items()},
-            "zero_shot": {name: P.scores_entry(s) for name, s in cloze.items()},
+            "linear": {name: S.linear_entry(p) for name, p in probes.items()},
+            "zero_shot": {name: S.scores_entry(s) for name, s in cloze.items()},
             "differences": differences}
 
 
@@ -59,11 +60,11 @@ def coda(rng):
     n = 107
     rows = {m["name"]: (np.clip(0.4 + 0.2 * rng.standard_normal(n), -1, 1), np.clip(0.3 + 0.2 * rng.standard_normal(n), -1, 1))
             for m in MODELS}
-    differences = [P.difference_entry(a, b, f"coda.{metric}",
+    differences = [S.difference_entry(a, b, f"coda.{metric}",
                                       V.paired_bootstrap(rows[a][i], rows[b][i], **BOOT))
-                   for a, b in P.comparisons(MODELS) for i, metric in enumerate(("spearman", "kendall"))]
+                   for a, b in S.comparisons(MODELS) for i, metric in enumerate(("spearman", "kendall"))]
     return {"n_objects": n, "majority": {"spearman": 0.35, "kendall": 0.25},
-            "rows": {name: P.coda_entry(*r) for name, r in rows.items()}, "differences": differences}
+            "rows": {name: S.coda_entry(*r) for name, r in rows.items()}, "differences": differences}
 
 
 @pytest.fixture(scope="module")
@@ -144,20 +145,20 @@ def test_the_figures_are_the_oracle_and_the_chosen_templates(results):
 def test_linear_entry_reads_the_templates_each_choice_picks():
     good, bad = V.Scores(np.array([1.0, 1.0, np.nan]), np.array([0.9, 0.7, np.nan])), V.Scores(np.array([0.0, 1.0, np.nan]), np.array([0.1, 0.2, np.nan]))
     probe = V.LinearProbe([bad, good], cv_accuracy=np.array([0.8, 0.2]), cv_spearman=np.array([0.1, 0.6]))
-    e = P.linear_entry(probe)
+    e = S.linear_entry(probe)
     assert e["n"] == 2 and e["n_spearman"] == 2
     assert e["oracle"] == {"accuracy": 1.0, "accuracy_template": 1, "spearman": pytest.approx(0.8), "spearman_template": 1}
     assert e["chosen"] == {"accuracy": 0.5, "accuracy_template": 0, "spearman": pytest.approx(0.8), "spearman_template": 1}
 
 
 def test_every_xd_difference_against_baseline_and_caption_control(results):
-    assert P.comparisons(MODELS) == [("XDBERT-b", "BERT-b"), ("XDBERT-b", "BERT-b captions"), ("mlm", "BERT-b"),
+    assert S.comparisons(MODELS) == [("XDBERT-b", "BERT-b"), ("XDBERT-b", "BERT-b captions"), ("mlm", "BERT-b"),
                                      ("mlm", "BERT-b captions"), ("XDELECTRA-b", "ELECTRA-b")]
     md = P.render(results)
     for section in md.split("### ")[1:]:
         lines = section.split("Paired differences")[1].splitlines()
         diffs = {l.split("|")[1].strip(): [c.strip() for c in l.strip("|").split("|")[1:]] for l in lines if "−" in l}
-        assert list(diffs) == [f"{a} − {b}" for a, b in P.comparisons(MODELS)]
+        assert list(diffs) == [f"{a} − {b}" for a, b in S.comparisons(MODELS)]
         for cells in diffs.values():  # every linear column has an interval; no XD row has a cloze
             assert all(re.fullmatch(r"[+-]\d+\.\d \[[+-]\d+\.\d, [+-]\d+\.\d\]", c) for c in cells[:4]) and cells[4:] == ["-", "-"]
     broken = copy.deepcopy(results)
@@ -169,7 +170,7 @@ def test_every_xd_difference_against_baseline_and_caption_control(results):
     with pytest.raises(ValueError, match="coda: the results lack the difference XDBERT-b - BERT-b captions"):
         P.render(broken)
     with pytest.raises(ValueError, match="no baseline row of its family"):
-        P.comparisons([{"name": "XDX", "role": "xd", "family": "x"}])
+        S.comparisons([{"name": "XDX", "role": "xd", "family": "x"}])
 
 
 def test_the_published_anchors_sit_under_their_rows_with_their_provenance(results):

@@ -1,5 +1,6 @@
-"""Stage `probes` (stages/probes.py): its rows from the paper profile, and its core on tiny random encoders and the
-mirror's ViComTe and CoDa files, every row and column landing in the results and the report."""
+"""The probes study (xdbert/analysis/probe_rows.py, xdbert/analysis/probes.py) and its stage (stages/probes.py): the rows
+of the paper profile, the study on tiny random encoders and the mirror's ViComTe and CoDa files, every row and column
+landing in the results and the report, and the stage with the probes off."""
 from __future__ import annotations
 
 import shutil
@@ -10,6 +11,8 @@ import torch
 
 from conftest import load_stage
 from xdbert import mirror, mirror_probes, profiles
+from xdbert.analysis import probes as study
+from xdbert.analysis.probe_rows import CAPTION_CONTROL as CAPTION, EncoderHead, Loaded, Row, hub_mlm, study_rows
 from xdbert.analysis.vicomte_probe import clip_text_features, mean_token_features
 from xdbert.data.coda import read_coda
 from xdbert.data.vicomte import RELATIONS, load_relation
@@ -17,8 +20,6 @@ from xdbert.errors import PipelineError
 from xdbert.reports import probes as R
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-stage = load_stage("probes")
-CAPTION = stage.CAPTION_CONTROL
 
 
 def paper(with_control: bool) -> dict:
@@ -32,22 +33,28 @@ def paper(with_control: bool) -> dict:
 
 
 def test_the_rows_are_table_1_table_3_clip_the_reference_and_the_caption_control():
-    plan = stage.read(paper(with_control=True))
+    rows = study_rows(paper(with_control=True), "bert-base-cased")
     p = paper(with_control=False)
     fam, variants = p["adapt"]["family"], list(p["adapt"]["variants"])
     want = [name for f in p["families"] for name in (f"{f}/baseline", f"{f}/xdbert")]
     want += [f"{fam}/{v}" for v in variants] + [f"{fam}/{CAPTION}", "clip_t", "bert-base-cased"]
-    assert [r.name for r in plan.rows] == want
-    roles = {r.name: r.role for r in plan.rows}
+    assert [r.name for r in rows] == want
+    roles = {r.name: r.role for r in rows}
     assert roles[f"{fam}/{CAPTION}"] == "caption_control" and roles["clip_t"] == "clip"
     assert roles["bert-base-cased"] == "reference" and roles[f"{fam}/{variants[0]}"] == "xd"
     # a cloze only where the head read the encoder's own output: the baselines, the control and the reference
     baselines = {f"{f}/baseline" for f in p["families"]}
-    assert {r.name for r in plan.rows if r.head} == {*baselines, f"{fam}/{CAPTION}", "bert-base-cased"}
-    assert {r.head for r in plan.rows if r.name in baselines} == {f"models/crossmodal/{f}/baseline" for f in p["families"]}
-    assert CAPTION not in {r.name.split("/")[-1] for r in stage.read(p).rows}
-    off = profiles.values("embedded")
-    assert stage.read(off).rows == [] and not stage.read(off).s.enabled
+    assert {r.name for r in rows if r.head} == {*baselines, f"{fam}/{CAPTION}", "bert-base-cased"}
+    assert {r.head for r in rows if r.name in baselines} == {f"models/crossmodal/{f}/baseline" for f in p["families"]}
+    assert CAPTION not in {r.name.split("/")[-1] for r in study_rows(p, "bert-base-cased")}
+
+
+def test_the_stage_reads_the_rows_of_the_probes_on_and_none_off():
+    stage = load_stage("probes")
+    profile, s, rows = stage.read(paper(with_control=True))
+    assert profile == "paper" and s.enabled and rows == study_rows(paper(with_control=True), s.reference)
+    profile, s, rows = stage.read(profiles.values("embedded"))
+    assert profile == "embedded" and not s.enabled and rows == []
 
 
 @pytest.fixture(scope="module")
@@ -83,23 +90,23 @@ def tiny_loader(tok):
         torch.manual_seed(len(row.name))
         if row.kind == "clip":
             register_configs()
-            return stage.Loaded(partial(clip_text_features, CLIPTextTower.build("xdbert-tiny"), clip_tokenizer("xdbert-tiny"),
+            return Loaded(partial(clip_text_features, CLIPTextTower.build("xdbert-tiny"), clip_tokenizer("xdbert-tiny"),
                                         batch_size=8))
         if row.kind == "hub":
             mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), **small))
-            return stage.Loaded(partial(mean_token_features, mlm.base_model, tok, batch_size=8), stage.hub_mlm(mlm, "b"), tok)
+            return Loaded(partial(mean_token_features, mlm.base_model, tok, batch_size=8), hub_mlm(mlm, "b"), tok)
         if row.head:
             full = XDBertModel.build(XDBertConfig(encoder="random:bert", vocab_size=len(tok), clip="xdbert-tiny",
                                                   cross_layers=0, losses=["mlm"], encoder_config=small))
-            return stage.Loaded(partial(mean_token_features, full.encoder, tok, batch_size=8),
-                                stage.EncoderHead(full.encoder, full.mlm_head), tok)
-        return stage.Loaded(partial(mean_token_features, BertModel(BertConfig(vocab_size=len(tok), **small)), tok, batch_size=8))
+            return Loaded(partial(mean_token_features, full.encoder, tok, batch_size=8),
+                          EncoderHead(full.encoder, full.mlm_head), tok)
+        return Loaded(partial(mean_token_features, BertModel(BertConfig(vocab_size=len(tok), **small)), tok, batch_size=8))
     return load
 
 
-ROWS = [stage.Row("f/baseline", "baseline", "f", "encoder", "-"), stage.Row("f/xdbert", "xd", "f", "encoder", "-"),
-        stage.Row("f/mlm", "xd", "f", "encoder", "-"), stage.Row(f"f/{CAPTION}", "caption_control", "f", "encoder", "-", "-"),
-        stage.Row("clip_t", "clip", None, "clip", "-"), stage.Row("bert-base-cased", "reference", None, "hub", "b", "hub")]
+ROWS = [Row("f/baseline", "baseline", "f", "encoder", "-"), Row("f/xdbert", "xd", "f", "encoder", "-"),
+        Row("f/mlm", "xd", "f", "encoder", "-"), Row(f"f/{CAPTION}", "caption_control", "f", "encoder", "-", "-"),
+        Row("clip_t", "clip", None, "clip", "-"), Row("bert-base-cased", "reference", None, "hub", "b", "hub")]
 CLOZE = {f"f/{CAPTION}", "bert-base-cased"}
 
 
@@ -112,16 +119,16 @@ def test_a_train_split_shorter_than_the_folds_stops_before_any_row_loads(inputs)
 
     with pytest.raises(PipelineError, match=r"ViComTe's color single/train has 8 examples, fewer than the 9 folds of "
                                             r"`probes.cv_folds`.* between 2 and 8"):
-        stage.probe(ROWS, load, relations, coda, cv_folds=9, n_boot=20, jobs=1)
+        study.probe(ROWS, load, relations, coda, cv_folds=9, n_boot=20, jobs=1)
 
 
 def test_every_row_and_column_lands_in_the_results_and_the_report(inputs, tokenizer):
     relations, coda = inputs
-    results = stage.probe(ROWS, tiny_loader(tokenizer), relations, coda, cv_folds=2, n_boot=20, jobs=2)
+    results = study.probe(ROWS, tiny_loader(tokenizer), relations, coda, cv_folds=2, n_boot=20, jobs=2)
     results["profile"] = "paper"
     names = [r.name for r in ROWS]
     assert [m["name"] for m in results["models"]] == names
-    wanted = {(a, b) for a, b in R.comparisons(results["models"])}
+    wanted = {(a, b) for a, b in study.comparisons(results["models"])}
     assert wanted == {("f/xdbert", "f/baseline"), ("f/xdbert", f"f/{CAPTION}"), ("f/mlm", "f/baseline"),
                       ("f/mlm", f"f/{CAPTION}")}
     for relation in RELATIONS:
@@ -133,7 +140,7 @@ def test_every_row_and_column_lands_in_the_results_and_the_report(inputs, tokeni
             for entry in g["linear"].values():
                 assert all(0 <= entry[c]["accuracy"] <= 1 for c in ("oracle", "chosen"))
             linear = {(d["a"], d["b"], d["column"]) for d in g["differences"]}
-            assert linear == {(a, b, c) for a, b in wanted for c in R.VICOMTE_COLUMNS if c.startswith("linear")}
+            assert linear == {(a, b, c) for a, b in wanted for c in study.VICOMTE_COLUMNS if c.startswith("linear")}
     assert set(results["coda"]["rows"]) == CLOZE and results["coda"]["n_objects"] == mirror_probes.CODA_OBJECTS["test"]
     assert set(results["merged_classes"]) == CLOZE
     assert results["cv_folds"] == 2 and results["bootstrap"]["n_boot"] == 20
@@ -154,3 +161,18 @@ def test_off_the_stage_writes_a_report_saying_so_and_reads_nothing(tmp_path, mon
     load_stage("probes").main()
     assert json.loads((tmp_path / "results/probes.json").read_text()) == {"enabled": False, "profile": "embedded"}
     assert "The probes are off (`probes.enabled: false`)" in (tmp_path / "reports/probes.md").read_text()
+
+
+def test_on_a_bad_vicomte_file_the_stage_stops_before_any_model_and_writes_nothing(tmp_path, monkeypatch):
+    """The stage checks the hand-provided files it reads first: no model folder exists here, so an error about
+    the ViComTe line (not a missing model) shows that the check ran before any row was loaded."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(profiles.render("paper"), encoding="utf-8")
+    folder = tmp_path / "inputs" / "vicomte"
+    for relation in RELATIONS:
+        mirror_probes.write_vicomte(folder, relation, 0, "tiny")
+    bad = tmp_path / "inputs/vicomte/mine-data/db/shape/test.jsonl"
+    bad.write_text('{"sub": "kite", "obj": "teal", "alt": "star"}\n' + bad.read_text().split("\n", 1)[1])
+    with pytest.raises(PipelineError, match=r"^inputs/vicomte/mine-data/db/shape/test.jsonl, line 1: `obj` 'teal' is not a class"):
+        load_stage("probes").main()
+    assert not (tmp_path / "results").exists() and not (tmp_path / "reports").exists()

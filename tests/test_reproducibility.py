@@ -82,13 +82,13 @@ def workload(tmp_path) -> dict[str, str]:
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     from xdbert.adaptation import pretraining
-    from xdbert.adaptation.settings import PretrainSettings
+    from xdbert.adaptation.pretrain_settings import PretrainSettings
     from xdbert.data.synthetic.documents import generate_corpus
     from xdbert.data.synthetic.tasks import generate_task
     from xdbert.data.tokenization.vocab import train_wordpiece
-    from xdbert.finetuning.job import prepare
-    from xdbert.finetuning.loop import train_seed
-    from xdbert.finetuning.settings import FinetuneSettings
+    from xdbert.finetuning.compute.loop import train_seed
+    from xdbert.finetuning.control.prepare import prepare
+    from xdbert.finetuning.control.settings import FinetuneSettings
     from xdbert.data.tasks.registry import get_task
     from xdbert.profiles import values
 

@@ -11,12 +11,13 @@ from transformers import BertConfig
 from keyword_tasks import keyword_tables, save_tiny_bert, settings
 from xdbert.data.tasks.registry import get_task
 from xdbert.errors import PipelineError
-from xdbert.finetuning import grid
-from xdbert.finetuning.job import prepare
-from xdbert.finetuning.loop import train_seed
-from xdbert.finetuning.results import summarize
-from xdbert.finetuning.settings import FinetuneSettings
-from xdbert.finetuning.stacked import clip_per_seed, stack_batches, train_stack
+from xdbert.finetuning.compute import keys
+from xdbert.finetuning.compute.loop import train_seed
+from xdbert.finetuning.compute.stacked import clip_per_seed, stack_batches, train_stack
+from xdbert.finetuning.control import grid
+from xdbert.finetuning.control.prepare import prepare
+from xdbert.finetuning.control.results import summarize
+from xdbert.finetuning.control.settings import FinetuneSettings
 from xdbert.profiles import values
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,7 +103,7 @@ def test_stacked_batches_pad_lengths_with_pad_ids_and_rows_with_copies(bert_dir)
 def test_the_grid_trains_seeds_in_stacks_and_keys_each_run_by_its_stack(bert_dir, local_ray, tmp_path):
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1, stack=2))
-    assert grid.groups(job, [4, 0, 2]) == [(4, 0), (2,)]
+    assert keys.groups(job, [4, 0, 2]) == [(4, 0), (2,)]
     job.run_cache = str(tmp_path / "runs")
     (results,) = grid.run_grid([(job, [4, 0, 2])], workers=2)  # a stack and a single run, on Ray workers
     expected = [*train_stack(job, [4, 0]), train_seed(job, 2)]
@@ -111,7 +112,7 @@ def test_the_grid_trains_seeds_in_stacks_and_keys_each_run_by_its_stack(bert_dir
         assert r["predictions"]["dev"].tobytes() == e["predictions"]["dev"].tobytes()
     per_seed = summarize(job, results)["seeds"]  # metrics.json says which seeds shared a stack
     assert per_seed["4"]["stacked_with"] == [4, 0] and "stacked_with" not in per_seed["2"]
-    assert grid.run_key(job, 4, "cpu", (4, 0)) != grid.run_key(job, 4, "cpu", (4, 2))
+    assert keys.run_key(job, 4, "cpu", (4, 0)) != keys.run_key(job, 4, "cpu", (4, 2))
     assert [r["reused"] for r in grid.run_seeds(job, [4, 0, 2])] == [True] * 3
     # another seed list regroups the seeds: the runs whose stack changed train again
     assert [r["reused"] for r in grid.run_seeds(job, [4, 2, 0])] == [False, False, False]

@@ -26,7 +26,7 @@ from xdbert.data.synthetic.tasks import generate_task
 from xdbert.data.mechanism import MechanismSettings
 from xdbert.data.synthetic.words import AFFORDANCES, INTRANSITIVE, PATTERNS, SYNONYM_FORMS, VERBS
 from xdbert.data.tasks import TASK_NAMES, compute_metrics, get_task, schema
-from xdbert.data.tasks.registry import task_names
+from xdbert.data.tasks.names import task_names
 from xdbert.data.tasks import hub
 from xdbert.data.tasks.settings import TasksSettings
 from xdbert.errors import PipelineError

@@ -1,24 +1,19 @@
 """ViComTe's hand-provided files (xdbert.data.vicomte) in the layout of the authors' repository: the line formats read
 as they are written there, the mirror's files (the rehearsal's, written by `mirror_probes.write_vicomte`) loaded whole, and
-each bad file one `PipelineError` line naming the file and its line; through the first stage, exit 2 and nothing
-written."""
+each bad file one `PipelineError` line naming the file and its line, by the check of the probes stage, which alone
+reads them."""
 from __future__ import annotations
 
 import json
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from xdbert import mirror, mirror_probes
 from xdbert.data import provided, vicomte
-from xdbert.data.probes import ProbesSettings
+from xdbert.data.probes import ProbesSettings, check_vicomte_files, vicomte_files
 from xdbert.errors import PipelineError
 from xdbert.profiles import values
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -150,7 +145,7 @@ def test_a_missing_file_names_it_and_where_the_files_come_from(folder):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The params section and the check before the first stage
+# The params section and the check of the probes stage
 # ----------------------------------------------------------------------------------------------------
 
 def test_the_probes_are_on_in_the_paper_profile_only():
@@ -158,7 +153,7 @@ def test_the_probes_are_on_in_the_paper_profile_only():
         True, Path("inputs/vicomte"), ("color", "shape", "material"), "corypaik/coda", "bert-base-cased", 5, 1000)
     for profile in ("embedded", "micro"):
         assert not ProbesSettings.from_params(values(profile)).enabled
-        assert not [key for key, _ in provided.files(values(profile)) if key == provided.VICOMTE]
+        assert vicomte_files(ProbesSettings.from_params(values(profile))) == []
 
 
 def test_only_the_relations_named_are_checked(folder, monkeypatch):
@@ -166,25 +161,18 @@ def test_only_the_relations_named_are_checked(folder, monkeypatch):
     p = values("paper")
     p["probes"]["relations"] = ["shape"]
     path_of(folder, "words", "color").unlink()
-    files = [(key, path) for key, path in provided.files(p) if key == provided.VICOMTE]
-    assert files == [(provided.VICOMTE, path) for path in vicomte.files("inputs/vicomte", "shape")]
-    provided.check_files(files)
+    assert vicomte_files(ProbesSettings.from_params(p)) == [(provided.VICOMTE, path) for path in vicomte.files("inputs/vicomte", "shape")]
+    check_vicomte_files(ProbesSettings.from_params(p))
 
 
-def test_the_first_stage_stops_on_a_bad_vicomte_file_and_writes_nothing(folder, capsys, monkeypatch):
-    """The paper profile, its other hand-provided files in place (the mirror's): `corpus` fails in one line, exit 2,
-    before it loads wiki103, and writes nothing."""
+def test_a_bad_vicomte_file_is_refused_by_the_check_of_the_stage_that_reads_it(folder, monkeypatch):
+    """The probes stage checks ViComTe's files when it starts (`check_vicomte_files`); the first stage, which
+    does not read them, no longer does: it starts on a bad one."""
     root = folder.parents[1]
     monkeypatch.chdir(root)
     p = values("paper")
-    mirror.write_inputs(p, root, "tiny")  # CommonLit and COCO; ViComTe's are there already
     rewrite(path_of(folder, "all/test", "shape"), set_line(0, {"sub": "kite", "obj": "teal", "alt": "star"}))
-    (root / "params.yaml").write_text(yaml.safe_dump(p))
-    monkeypatch.setattr(sys, "argv", ["stages/corpus.py"])
-    before = sorted(str(f) for f in root.rglob("*"))
-    with pytest.raises(SystemExit) as e:
-        runpy.run_path(str(ROOT / "stages" / "corpus.py"), run_name="__main__")
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith("error: inputs/vicomte/mine-data/db/shape/test.jsonl, line 1: `obj` 'teal' is not a class")
-    assert sorted(str(f) for f in root.rglob("*")) == before and not (root / "data").exists()
+    with pytest.raises(PipelineError, match=r"^inputs/vicomte/mine-data/db/shape/test.jsonl, line 1: `obj` 'teal' is not a class"):
+        check_vicomte_files(ProbesSettings.from_params(p))
+    mirror.write_inputs(p, root, "tiny")  # CommonLit and COCO beside ViComTe's
+    provided.check_files(provided.files(p))

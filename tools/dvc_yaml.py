@@ -135,7 +135,7 @@ def reasons(section: str, names, why: str) -> dict[str, str]:
     return {f"{section}.{name}": why for name in names}
 
 
-CHECKED_FAMILIES = {"families.*": "every family's entry is checked (xdbert.model.settings); only this stage's own "
+CHECKED_FAMILIES = {"families.*": "every family's entry is checked (xdbert.model.families); only this stage's own "
                                   "family decides its outputs"}
 ADAPT_KEYS = {"adapt.*": "its keys are checked against a variant's overrides; the values used are listed",
               "adapt.variants.*": "every variant's name is checked; only an ablation's own overrides decide its outputs"}
@@ -153,21 +153,16 @@ CLIP_TOWERS = ("models/pretrain_clip", "models/pretrain_clip_nofacts")  # `adapt
 # study on, every ablation reads them anyway, through the CLIP towers trained on them.
 CAPTION_TEXT = "data/captions  # whole: captions.json, for a variant with `adapt.text: captions`"
 
-PROVIDED_PROBES = reasons("probes", ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference", "cv_folds", "n_boot"),
-                          "only to check that ViComTe's hand-provided files are there (xdbert.data.provided); the "
-                          "probes stage reads them")
-
 STAGES: dict[str, Stage] = {
     "corpus": Stage(
         "stages/corpus.py", outs=("data/corpus",),
         unused={**reasons("tasks", ("source", "names", "read_path"), "only to check that hand-provided files are there "
                      "(xdbert.data.provided), before any work; the tasks stage reads them"),
-                "grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it",
-                **PROVIDED_PROBES}),
+                "grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it"}),
     "tasks": Stage(
         "stages/tasks.py", deps=("inputs/commonlit",), outs=("data/tasks",),
         unused={"grounding.captions": "only to check that hand-provided files are there; the grounding stage reads it",
-                **PROVIDED_PROBES, **MECHANISM_STAGE_ONLY}),
+                **MECHANISM_STAGE_ONLY}),
     "dual_tokenize": Stage(
         "stages/dual_tokenize.py", deps=("data/corpus",), outs=("data/shards", "models/tokenizer"),
         unused={"model.encoder_config.*": "a random encoder's config keys are only checked; its max_position_embeddings "

@@ -27,6 +27,7 @@ from typing import Callable
 from xdbert import io
 from xdbert import params as P
 from xdbert.data import provided
+from xdbert.data.probes import ProbesSettings, vicomte_files
 from xdbert.errors import PipelineError
 from xdbert.hub import LOCK, hub_request
 from xdbert.random_encoder import RANDOM_PREFIX
@@ -71,14 +72,23 @@ def clip_weights(name: str, pretrained: str) -> tuple[str, ...]:
     return safe, filename
 
 
+HUB_KEYS = ("revisions",)  # the `hub` section's (read by `xdbert fetch` alone: a stage reads the pins it writes)
+
+
 def requested_revisions(p: dict) -> dict[str, str]:
     """`hub.revisions`, checked: hub id -> branch, tag or commit."""
-    revisions = P.get(P.section(p, "hub"), "revisions", "hub")
+    revisions = P.get(P.section(p, "hub", HUB_KEYS), "revisions", "hub")
     if not isinstance(revisions, dict) or any(not isinstance(k, str) or not isinstance(v, str) or not v.strip()
                                               for k, v in revisions.items()):
         raise PipelineError(f"`hub.revisions` must map hub ids to a branch, tag or commit, e.g. "
                             f"{{bert-base-uncased: main}}, or be {{}}; got {revisions!r}")
     return revisions
+
+
+def provided_files(p: dict) -> list[tuple[str, Path]]:
+    """(param, path) of every file params `p` expect a user to have put in place: the first stages' (CommonLit's,
+    COCO's) and ViComTe's, which the probes stage checks."""
+    return provided.files(p) + vicomte_files(ProbesSettings.from_params(p))
 
 
 def hub_assets(p: dict) -> list[Asset]:
@@ -158,7 +168,7 @@ def fetch(p: dict, *, check: Callable[[dict, Callable[[str], None]], object], lo
     """Resolve, download and pin every hub asset of params `p`; write `lock`, then `check(p, say)` loads every
     asset the way its stage does (`xdbert fetch` passes xdbert.fetch_check.check_assets, which imports this
     module). A failed download or check leaves the old lock's bytes. Returns the lock's entries."""
-    provided.check(p)
+    provided.check_files(provided_files(p))
     entries = []
     for asset in hub_assets(p):
         with hub_request(f"{asset.repo_type} `{asset.repo_id}` (`{asset.key}`)"):

@@ -26,7 +26,7 @@ from typing import Callable
 from xdbert import params as P
 from xdbert.data import provided, vicomte
 from xdbert.errors import PipelineError
-from xdbert.fetch import hub_assets
+from xdbert.fetch import hub_assets, provided_files
 from xdbert.random_encoder import RANDOM_PREFIX
 
 # Families whose pretrained checkpoints ship no MLM head (xdbert.model.encoders): ELECTRA's discriminators.
@@ -226,7 +226,7 @@ def checks(p: dict) -> list[tuple[str, Callable[[], str]]]:
     model, tasks = P.section(p, "model"), P.section(p, "tasks")
     out: list[tuple[str, Callable[[], str]]] = []
     relations = []
-    for key, path in provided.files(p):
+    for key, path in provided_files(p):
         if key == "tasks.read_path":
             out.append((f"{path} (`{key}`)", lambda path=str(path): check_read(path, p)))
         elif key == provided.VICOMTE:  # one row per relation: its checks span its files

@@ -57,6 +57,17 @@ def hub_request(what: str) -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def hub_config_errors(section: str, hub_id: str, config: str | None) -> Iterator[None]:
+    """Turn `datasets`' "BuilderConfig 'x' not found" into a PipelineError naming the params to fix."""
+    try:
+        yield
+    except ValueError as e:
+        if "BuilderConfig" in str(e):
+            raise PipelineError(f"`{hub_id}` has no config {config!r} (check the `{section}` params): {e}") from e
+        raise
+
+
 # ----------------------------------------------------------------------------------------------------
 # Pinned revisions: hub.lock.json, written by `xdbert fetch` (xdbert.fetch), read by every loader
 # ----------------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Callable, Collection
 from xdbert import params as P
 from xdbert.data import provided, vicomte
 from xdbert.errors import PipelineError
-from xdbert.fetch import Asset, hub_assets
+from xdbert.fetch import Asset, hub_assets, provided_files
 from xdbert.hub import quiet_loading
 from xdbert.hub_layouts import DATASETS, MODELS
 from xdbert.mirror_probes import write_coda, write_vicomte
@@ -381,7 +381,7 @@ def write_inputs(p: dict, root: Path, sizes: str) -> list[Path]:
 
     seed = P.section(p, "model")["seed"]
     written = []
-    for key, path in provided.files(p):
+    for key, path in provided_files(p):
         target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
         if key == "tasks.read_path":

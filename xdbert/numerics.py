@@ -19,11 +19,11 @@ is loaded here, before torch, where the install built it.
 
 The number of threads decides how a sum is split, so it changes the bytes too (the cross-machine check in
 tests/test_reproducibility.py gives three results for 1, 2 and 4 threads): every process computes with
-`THREADS` threads, whatever the machine has, and a finetuning run with one (xdbert.finetuning.grid).
+`THREADS` threads, whatever the machine has, and a finetuning run with one (xdbert.finetuning.control.grid).
 
 `import xdbert` applies all of this, so every stage, test and benchmark runs with it; torch reads the
 thread count, and its MKL finds its answers, when torch is imported, so `xdbert` must be imported first
-(the grid's Ray workers import it by a setup hook: xdbert.finetuning.engine). The values are set, not defaulted:
+(the grid's Ray workers import it by a setup hook: xdbert.finetuning.control.engine). The values are set, not defaulted:
 a shell that exported others would change the bytes silently. The caps are x86-64 instruction sets, so
 they are set on x86-64 only: an ARM OpenBLAS told to use Haswell's kernels would fall back to generic ones.
 """
@@ -66,7 +66,7 @@ def mkl_library() -> str | None:
 def take_mkl_zen_path() -> bool:
     """Load xdbert/mkl_dispatch.c's library with its symbols global: torch, imported later, then finds
     them before MKL's own. Only before torch: once torch is loaded, MKL's own answers come first (a Ray
-    worker that unpickled its actor's torch before xdbert ran Intel's kernels: xdbert.finetuning.engine).
+    worker that unpickled its actor's torch before xdbert ran Intel's kernels: xdbert.finetuning.control.engine).
     False where that was too late or the install could not build the library."""
     global MKL_ZEN
     library = mkl_library()

@@ -17,40 +17,11 @@ from xdbert.errors import PipelineError
 
 PROFILES = ("embedded", "paper", "micro")
 
-# Every key params.yaml may hold, by section, so that a typo (`adapt.lrr`) stops every stage at once instead
-# of being ignored. The mappings under some keys (adapt.variants, finetune.lr, model.encoder_config, ...) are
-# checked by their section's settings object. tests/test_foundation.py keeps this equal to the profiles' keys.
-KEYS = {
-    "corpus": ("source", "hub_id", "hub_config", "n_docs", "sentences_per_doc", "seed"),
-    "tasks": ("source", "names", "train_size", "train_sizes", "dev_size", "read_path", "read_dev_fraction",
-              "glue_hub_id", "swag_hub_id", "seed"),
-    "mechanism": ("enabled", "extra_objects", "patterns", "seed", "n_train", "n_dev_captioned", "n_dev_uncaptioned",
-                  "fact_share", "fact_rate", "after_object", "caption_share", "vis", "models", "full_models",
-                  "clip_towers", "control_task", "sentences", "bow_seeds", "replication", "gates"),
-    "model": ("encoder", "encoder_config", "clip", "clip_pretrained", "seed"),
-    "families": None,  # family names -> their settings (xdbert.model.settings.Family), checked there
-    "hub": ("revisions",),
-    "tokenize": ("vocab_size", "max_len", "n_blocks", "shard_windows", "max_overflow", "validate_windows", "workers"),
-    "pretrain": ("steps", "batch_size", "lr", "mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay",
-                 "max_len", "checkpoint_every", "seed", "clip_steps"),
-    "adapt": ("family", "variants", "baseline", "losses", "cross_layers", "clip_heads", "placeholder", "freeze_clip",
-              "mlm_negatives", "clip_tower", "loss_weights", "init_range", "cliptc_vocab", "text", "epochs", "lr",
-              "warmup_ratio", "weight_decay", "batch_size", "micro_batch_size", "mlm_prob", "match_prob", "cliptc_prob",
-              "checkpoint_every", "eval_windows", "precision", "compile", "seed"),
-    "pwcca": ("clip_tower", "pairs", "eps", "convention", "weight_by", "min_words_ratio", "seed"),
-    "grounding": ("tasks", "baseline", "model", "threshold", "captions", "captions_hub_split", "captions_hub_column",
-                  "n_captions", "seed", "stopwords", "examples_task", "examples_per_class"),
-    "attention": ("variants", "task", "index", "max_len", "clip_blocks_per_sentence", "windows", "batch_size"),
-    "finetune": ("lr", "models", "ablations", "ablation_tasks", "ablation_lr", "ablation_seeds", "full_models",
-                 "clip_tasks", "seeds", "rte_seeds", "epochs", "warmup_ratio", "batch_size", "eval_batch_size",
-                 "max_len", "weight_decay", "length_group", "clip_blocks_per_sentence", "dropout",
-                 "precision", "compile", "cuda_graph", "stack"),
-    "aggregate": ("n_boot", "seed"),
-    "probes": ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference", "cv_folds", "n_boot"),
-}
-
-# What `adapt.precision` and `finetune.precision` may say (xdbert.training.mixed_precision).
-PRECISIONS = ("auto", "bf16", "fp16", "no")
+# Every section params.yaml may hold, so that a typo (`finetunes`) stops every stage at once. Each section's keys
+# are beside its settings (`CORPUS_KEYS`, ...), checked when those are built: a stage depends on the key lists of the
+# sections it reads alone, and `xdbert check` gathers them all (xdbert.params_check.SECTION_KEYS).
+SECTIONS = ("corpus", "tasks", "mechanism", "model", "families", "hub", "tokenize", "pretrain", "adapt", "pwcca",
+            "grounding", "attention", "finetune", "aggregate", "probes")
 
 
 class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
@@ -96,21 +67,19 @@ def load(path: str | Path = "params.yaml") -> dict:
         raise PipelineError(f"{path} has no `profile` key; allowed: {', '.join(PROFILES)} (`xdbert profile embedded` "
                             "writes a whole params file)")
     choice(params.get("profile"), "profile", PROFILES)
-    check_keys(params, path)
+    for name in params:
+        if name != "profile" and name not in SECTIONS:
+            raise PipelineError(f"unknown section `{name}` in {path}{_closest(name, SECTIONS)}; allowed: profile, {', '.join(SECTIONS)}")
     return params
 
 
-def check_keys(params: dict, path: str | Path = "params.yaml") -> None:
-    """Refuse a section or a key that no stage reads, naming the closest known one."""
-    for name, sec in params.items():
-        if name == "profile":
-            continue
-        if name not in KEYS:
-            raise PipelineError(f"unknown section `{name}` in {path}{_closest(name, KEYS)}; allowed: profile, {', '.join(KEYS)}")
-        for key in sec if isinstance(sec, dict) and KEYS[name] is not None else ():
-            if key not in KEYS[name]:
-                raise PipelineError(f"unknown param `{name}.{key}`{_closest(key, KEYS[name], name + '.')}; "
-                                    f"`{name}` has: {', '.join(KEYS[name])}")
+def check_keys(sec: dict, name: str, keys: tuple[str, ...]) -> None:
+    """Refuse a key of section `name` that no stage reads (`adapt.lrr`), naming the closest of its `keys`. Only the
+    names are looked at, through dict's own `keys`: which keys a section has decides nothing a stage computes, so
+    tools/dvc_yaml.py's Recorder must not count this as a read of the section whole."""
+    for key in dict.keys(sec):
+        if key not in keys:
+            raise PipelineError(f"unknown param `{name}.{key}`{_closest(key, keys, name + '.')}; `{name}` has: {', '.join(keys)}")
 
 
 def _closest(word: str, known, prefix: str = "") -> str:
@@ -118,12 +87,16 @@ def _closest(word: str, known, prefix: str = "") -> str:
     return f" (did you mean `{prefix}{match[0]}`?)" if match else ""
 
 
-def section(params: dict, name: str) -> dict:
+def section(params: dict, name: str, keys: tuple[str, ...] | None = None) -> dict:
+    """Section `name` of `params`, a mapping; with `keys` (the section's own settings build from it), also every
+    key in it known (`check_keys`)."""
     if name not in params:
         raise PipelineError(f"params.yaml has no section `{name}`; compare with xdbert/profiles/embedded.yaml (the defaults)")
     if not isinstance(params[name], dict):
         raise PipelineError(f"section `{name}` of params.yaml must map its keys to values; got {type(params[name]).__name__}: "
                             f"compare with xdbert/profiles/embedded.yaml (the defaults)")
+    if keys is not None:
+        check_keys(params[name], name, keys)
     return params[name]
 
 

@@ -2,7 +2,9 @@
 
 Each stage checks the sections it reads when it starts (its settings object), so a bad value in the params of
 a late stage would show only when `dvc repro` reaches it, hours in. This runs all of those checks in a second:
-every family, every adapt variant and the baseline, every task of `tasks.names` for finetune, every other settings object.
+first every section's keys (each kept beside its settings: SECTION_KEYS gathers them), so that a typo in a section
+no stage has read yet is refused too; then every family, every adapt variant and the baseline, every task of
+`tasks.names` for finetune, every other settings object.
 Then the names one section gives another: a finetuned model is an adapt variant, the analyses' tasks are
 finetuned, grounding compares two runs that exist. The stages check those by the files they read.
 
@@ -15,25 +17,35 @@ from pathlib import Path
 from typing import Iterable
 
 from xdbert import params as P
-from xdbert.adaptation.settings import AdaptSettings, PretrainSettings, setting_key
-from xdbert.analysis.attention import AttentionSettings
-from xdbert.analysis.grounding import GroundingSettings
-from xdbert.analysis.pwcca import PwccaSettings
+from xdbert.adaptation.pretrain_settings import PRETRAIN_KEYS, PretrainSettings
+from xdbert.adaptation.settings import ADAPT_KEYS, AdaptSettings, setting_key
+from xdbert.analysis.attention import ATTENTION_KEYS, AttentionSettings
+from xdbert.analysis.grounding_settings import GROUNDING_KEYS, GroundingSettings
+from xdbert.analysis.pwcca import PWCCA_KEYS, PwccaSettings
 from xdbert.data.captions import CaptionSettings
-from xdbert.data.corpus import CorpusSettings
-from xdbert.data.mechanism import VIS, MechanismSettings
-from xdbert.data.probes import ProbesSettings
+from xdbert.data.corpus import CORPUS_KEYS, CorpusSettings
+from xdbert.data.mechanism import MECHANISM_KEYS, VIS, MechanismSettings
+from xdbert.data.probes import PROBES_KEYS, ProbesSettings
 from xdbert.data.tasks.registry import get_task
-from xdbert.data.tasks.settings import TasksSettings
-from xdbert.data.tokenization.build import Settings as TokenizeSettings
+from xdbert.data.tasks.settings import TASKS_KEYS, TasksSettings
+from xdbert.data.tokenization.build import TOKENIZE_KEYS, Settings as TokenizeSettings
 from xdbert.data.tokenization.vocab import check_positions, encoder_positions
 from xdbert.errors import PipelineError
-from xdbert.fetch import requested_revisions
-from xdbert.finetuning.settings import FinetuneSettings
-from xdbert.model.settings import ModelSettings, ablation_family, family_names
+from xdbert.fetch import HUB_KEYS, requested_revisions
+from xdbert.finetuning.control.settings import FINETUNE_KEYS, FinetuneSettings
+from xdbert.model.families import ablation_family, family_names
+from xdbert.model.settings import MODEL_KEYS, ModelSettings
 from xdbert.paths import PRETRAIN_CLIP, PRETRAIN_CLIP_NOFACTS
 from xdbert.random_encoder import RANDOM_PREFIX
-from xdbert.reports.settings import AggregateSettings
+from xdbert.reports.settings import AGGREGATE_KEYS, AggregateSettings
+
+# Every section's keys, by section in params.SECTIONS' order, gathered from beside their settings; `families`
+# maps the user's family names to their entries (checked by xdbert.model.families.Family). tests/test_foundation.py
+# keeps this equal to the profiles' keys.
+SECTION_KEYS = {"corpus": CORPUS_KEYS, "tasks": TASKS_KEYS, "mechanism": MECHANISM_KEYS, "model": MODEL_KEYS,
+                "families": None, "hub": HUB_KEYS, "tokenize": TOKENIZE_KEYS, "pretrain": PRETRAIN_KEYS,
+                "adapt": ADAPT_KEYS, "pwcca": PWCCA_KEYS, "grounding": GROUNDING_KEYS, "attention": ATTENTION_KEYS,
+                "finetune": FINETUNE_KEYS, "aggregate": AGGREGATE_KEYS, "probes": PROBES_KEYS}
 
 
 def check_file(path: str | Path = "params.yaml") -> dict:
@@ -44,7 +56,9 @@ def check_file(path: str | Path = "params.yaml") -> dict:
 
 
 def check(p: dict) -> None:
-    """Every stage's settings check on params `p`, in the order of the stage graph, then the cross-references."""
+    """Every section's keys, every stage's settings check on params `p` in the order of the stage graph, then the
+    cross-references."""
+    check_keys(p)
     CorpusSettings.from_params(p)
     tasks = TasksSettings.from_params(p)
     model = ModelSettings.from_params(p)
@@ -95,3 +109,11 @@ def _named(key: str, names: Iterable[str], allowed: Iterable[str], what: str) ->
     for name in names:
         if name not in allowed:
             raise PipelineError(f"`{key}` names {name!r}, which is not {what}; allowed: {', '.join(allowed)}")
+
+
+def check_keys(p: dict) -> None:
+    """Every key of every section of `p` is known (a section `p` lacks, or that maps no keys, its settings refuse)."""
+    for name, keys in SECTION_KEYS.items():
+        if keys is not None and isinstance(p.get(name), dict):
+            P.check_keys(p[name], name, keys)
+

@@ -34,8 +34,6 @@ ADAPTED = Path("models/adapted")          # /<family>/<variant>: the language en
 CROSSMODAL = Path("models/crossmodal")    # /<family>/<variant>: the whole cross-modal model
 ADAPT_METRICS = Path("metrics/adapt")     # /<family>/<variant>.json
 ADAPT_PLOTS = Path("dvclive/adapt")       # /<family>/<variant>
-CROSSMODAL_CONFIG = "xdbert_config.json"  # what marks a saved cross-modal model (xdbert.model.saving) ...
-CLIP_CONFIG = "clip_config.json"          # ... and a saved CLIP text tower (`pretrain_clip`'s output)
 # stage `finetune`
 FINETUNE = Path("results/finetune")       # /<task>/<family>/<run>, /<task>/clip_t
 PREDICTIONS = "predictions.parquet"       # a run's dev predictions, beside its metrics.json

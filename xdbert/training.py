@@ -17,7 +17,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from xdbert import io
 from xdbert.errors import PipelineError
-from xdbert.params import PRECISIONS
+from xdbert.precisions import PRECISIONS
 
 
 def step_seed(seed: int, *parts: int) -> int:

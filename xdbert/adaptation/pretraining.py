@@ -7,7 +7,7 @@ is first trained with MLM on pairs of corpus sentences: the second sentence rest
 words rotated half of the time, so a fixed offset cannot copy) and is masked far more, so its targets
 are found by looking up the same words in the first sentence.
 
-Hub encoders (the paper profile) are used as downloaded: `xdbert.model.encoders.encoder_source` returns
+Hub encoders (the paper profile) are used as downloaded: `xdbert.model.build.encoder_source` returns
 their name unchanged and no stand-in is trained for them. Likewise a random CLIP tower is first trained as
 a causal language model on the corpus (`pretrain_clip`), while pretrained CLIP weights are used as downloaded.
 """
@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from xdbert import io, training
 from xdbert.adaptation import masking
-from xdbert.adaptation.settings import PretrainSettings
+from xdbert.adaptation.pretrain_settings import PretrainSettings
 from xdbert.clip import clip_block_mask
 from xdbert.data.tokenization.windows import CLIP_CONTEXT
 from xdbert.errors import PipelineError

@@ -1,4 +1,4 @@
-"""The `pretrain` and `adapt` sections, every value checked once, before anything heavy is imported.
+"""The `adapt` section, every value checked once, before anything heavy is imported.
 
 Each check raises `PipelineError` naming the full key and what is allowed. An adaptation variant's value
 is named by the key it came from: `adapt.variants.<name>.<key>` for an override, `adapt.<key>` otherwise.
@@ -11,61 +11,18 @@ from xdbert import params as P
 from xdbert.errors import PipelineError
 from xdbert.paths import CLIP_TOWERS
 from xdbert.model import LOSSES
+from xdbert.precisions import PRECISIONS
 
 # `adapt.text`: what the adaptation trains on. corpus: the token shards' windows; captions: the caption
 # corpus (data/captions) packed into windows of the same length (xdbert.adaptation.captions), the
 # caption-text control: the encoder alone, MLM only, for the steps a corpus run takes.
 TEXTS = ("corpus", "captions")
 
-
-@dataclass(frozen=True)
-class PretrainSettings:
-    """One pretraining stand-in's run (`xdbert.adaptation.pretraining`); `steps` is the stand-in's own."""
-
-    steps: int
-    batch_size: int
-    lr: float
-    mlm_prob: float          # targets in the first sentence
-    restate_mask_prob: float  # targets in the restating second sentence
-    warmup_ratio: float
-    weight_decay: float
-    max_len: int
-    checkpoint_every: int
-    seed: int
-
-    @classmethod
-    def from_params(cls, params: dict) -> "PretrainSettings":
-        """The encoder's stand-in (stages `pretrain_encoder@<family>`): `pretrain.steps` of MLM on restated pairs."""
-        values = _values(P.section(params, "pretrain"), [f.name for f in fields(cls)])
-        for key in ("steps", "batch_size", "max_len", "checkpoint_every"):  # stored as integers: `steps: 2.0` passes
-            values[key] = P.positive(values[key], f"pretrain.{key}")
-        P.positive(values["lr"], "pretrain.lr", float)
-        for key in ("mlm_prob", "restate_mask_prob", "warmup_ratio", "weight_decay"):
-            P.fraction(values[key], f"pretrain.{key}")
-        if values["mlm_prob"] == 0:
-            raise PipelineError("`pretrain.mlm_prob` must be above 0: at 0 the stand-in's MLM has no target to learn")
-        P.non_negative(values["seed"], "pretrain.seed")
-        return cls(**values)
-
-    @classmethod
-    def clip_from_params(cls, params: dict, clip_pretrained: str) -> "PretrainSettings | None":
-        """The CLIP tower's stand-in (stage `pretrain_clip`): `pretrain.clip_steps` of next-token prediction,
-        or None when no tower is trained (pretrained weights, or `clip_steps: 0`). Only the values that
-        training reads are checked; the masking and length keys are the encoder stand-in's."""
-        s = P.section(params, "pretrain")
-        steps = P.get(s, "clip_steps", "pretrain")
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-            raise PipelineError(f"`pretrain.clip_steps` must be an integer >= 0 (0 = keep a random CLIP tower random); got {steps!r}")
-        if clip_pretrained or steps == 0:
-            return None
-        values = _values(s, [f.name for f in fields(cls) if f.name != "steps"])
-        for key in ("batch_size", "checkpoint_every"):
-            values[key] = P.positive(values[key], f"pretrain.{key}")
-        P.positive(values["lr"], "pretrain.lr", float)
-        for key in ("warmup_ratio", "weight_decay"):
-            P.fraction(values[key], f"pretrain.{key}")
-        P.non_negative(values["seed"], "pretrain.seed")
-        return cls(**values, steps=steps)
+# Every key of the section (a typo among them is refused when a variant's settings are built)
+ADAPT_KEYS = ("family", "variants", "baseline", "losses", "cross_layers", "clip_heads", "placeholder", "freeze_clip",
+              "mlm_negatives", "clip_tower", "loss_weights", "init_range", "cliptc_vocab", "text", "epochs", "lr",
+              "warmup_ratio", "weight_decay", "batch_size", "micro_batch_size", "mlm_prob", "match_prob", "cliptc_prob",
+              "checkpoint_every", "eval_windows", "precision", "compile", "seed")
 
 
 NOT_SETTINGS = ("family", "variants", "baseline")  # keys of the adapt section that name runs, not values
@@ -74,7 +31,7 @@ NOT_SETTINGS = ("family", "variants", "baseline")  # keys of the adapt section t
 def variant_overrides(params: dict, variant: str) -> tuple[dict, str]:
     """(what variant `variant` changes of the `adapt` defaults, the key that holds it): `xdbert` changes nothing,
     `baseline` is `adapt.baseline`, an ablation a key of `adapt.variants`."""
-    a = P.section(params, "adapt")
+    a = P.section(params, "adapt", ADAPT_KEYS)
     P.choice(variant, "adaptation variant", [P.PROPOSED, P.BASELINE, *P.variant_names(params)])
     if variant == P.PROPOSED:
         overrides, where = {}, "adapt"
@@ -194,7 +151,7 @@ class AdaptSettings:
             if prob == 0 or (loss == "match" and prob == 1):
                 raise PipelineError(f"`{key_of(key)}` must be above 0{' and below 1' if loss == 'match' else ''} while "
                                     f"`{key_of('losses')}` has {loss}: at {prob!r} it has nothing to learn")
-        P.choice(s["precision"], key_of("precision"), P.PRECISIONS)
+        P.choice(s["precision"], key_of("precision"), PRECISIONS)
         P.choice(s["cliptc_vocab"], key_of("cliptc_vocab"), ("full", "shards"))
         weights = s["loss_weights"]
         if weights is not None:  # None: every loss weighs 1 (the paper)
@@ -215,7 +172,3 @@ class AdaptSettings:
             P.positive(s["init_range"], key_of("init_range"), float)
         P.non_negative(s["seed"], key_of("seed"))
         return cls(**{f.name: s[f.name] for f in fields(cls)})
-
-
-def _values(section: dict, keys: list[str]) -> dict:
-    return {key: P.get(section, key, "pretrain") for key in keys}

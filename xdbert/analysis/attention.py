@@ -38,8 +38,9 @@ from xdbert import params as P
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.data.tasks.registry import TASK_NAMES, get_task
 from xdbert.errors import PipelineError
-from xdbert.model.settings import ablation_family
-from xdbert.paths import CROSSMODAL_CONFIG, crossmodal
+from xdbert.model.files import CROSSMODAL_CONFIG
+from xdbert.model.families import ablation_family
+from xdbert.paths import crossmodal
 
 CLIP_SPECIAL_LABELS = {"<start_of_text>": "<sot>", "<end_of_text>": "<eot>"}
 
@@ -47,6 +48,8 @@ CLIP_SPECIAL_LABELS = {"<start_of_text>": "<sot>", "<end_of_text>": "<eot>"}
 # ----------------------------------------------------------------------------------------------------
 # The `attention` params
 # ----------------------------------------------------------------------------------------------------
+
+ATTENTION_KEYS = ("variants", "task", "index", "max_len", "clip_blocks_per_sentence", "windows", "batch_size")  # a typo: refused
 
 @dataclass(frozen=True)
 class AttentionSettings:
@@ -65,7 +68,7 @@ class AttentionSettings:
     def from_params(cls, params: dict, files: bool = True) -> "AttentionSettings":
         """`files`: also check that every variant's cross-modal model is saved (False: the values only, as
         `xdbert check`)."""
-        sec = P.section(params, "attention")
+        sec = P.section(params, "attention", ATTENTION_KEYS)
         get = P.getter(sec, "attention")
 
         variants = get("variants")

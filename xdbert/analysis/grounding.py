@@ -27,83 +27,19 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from xdbert import params as P
-from xdbert.data.tasks.registry import get_task, read_split, task_names
+from xdbert.data.tasks.registry import get_task, read_split
 from xdbert.errors import PipelineError
-from xdbert.finetuning.runs import run_name
-from xdbert.model.settings import ablation_family
-from xdbert.paths import FINETUNE, PREDICTIONS, TASKS, predictions
-from xdbert.reports.aggregate import RERUN, read_predictions
+from xdbert.finetuning.control.predictions import RERUN, read_predictions
+from xdbert.paths import TASKS, predictions
 
 GROUNDED, NOT_GROUNDED, STOPWORD, PUNCTUATION = "grounded", "not_grounded", "stopword", "punctuation"
 CHANGES = ("improved", "on_par", "worsened")
 # the classification tasks (an example is right or wrong per seed), with their names in the paper
 TASK_TITLES = {"rte": "RTE", "mrpc": "MRPC", "cola": "CoLA", "sst2": "SST-2", "qnli": "QNLI", "qqp": "QQP", "mnli": "MNLI"}
 STOPWORDS_FILE = Path(__file__).resolve().parents[1] / "resources" / "stopwords_en.txt"
+WORD_COUNTS_FILE = "word_counts.json"  # in data/captions: the `captions` stage writes its captions' counts
 
 Tokenize = Callable[[list[str]], list[list[str]]]   # texts -> word pieces of each text
-
-
-# ----------------------------------------------------------------------------------------------------
-# The `grounding` params
-# ----------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class GroundingSettings:
-    """The `grounding` params section, checked, with the predictions it compares present.
-
-    The caption corpus is the `captions` stage's (xdbert.data.captions reads the section's caption keys);
-    this reads its word counts. `stopwords` empty or absent: the shipped NLTK English list.
-    """
-
-    tasks: tuple[str, ...]
-    baseline: str             # the runs compared, `<adapt.family>/<grounding.baseline>`
-    model: str                # and `<adapt.family>/<grounding.model>`
-    threshold: int
-    stopwords: str | None
-    examples_task: str
-    examples_per_class: int
-
-    @classmethod
-    def from_params(cls, params: dict, files: bool = True) -> "GroundingSettings":
-        """`files`: also check that the predictions it compares exist (False: the values only, as `xdbert check`)."""
-        sec = P.section(params, "grounding")
-        get = P.getter(sec, "grounding")
-
-        # the tasks the study finetunes (a task outside `tasks.names` has no predictions to compare)
-        tasks = P.subset(get("tasks"), "grounding.tasks", [t for t in task_names(params) if t in TASK_TITLES])
-        threshold = P.positive(get("threshold"), "grounding.threshold")
-        examples_per_class = P.positive(get("examples_per_class"), "grounding.examples_per_class")
-        examples_task = P.choice(get("examples_task"), "grounding.examples_task", tasks)
-        # the runs of `adapt.family` (as Table 3's ablations): results/finetune/<task>/<family>/<model>
-        family = ablation_family(params).name
-        baseline, model = (run_name("encoder", P.nonempty_str(get(key), f"grounding.{key}"), family) for key in ("baseline", "model"))
-        if baseline == model:
-            raise PipelineError(f"`grounding.baseline` and `grounding.model` both name {get('model')!r}: Figure 4 compares "
-                                f"two finetuned models (the paper: baseline and xdbert)")
-        stopwords = sec.get("stopwords")
-        if stopwords is not None and not isinstance(stopwords, str):
-            raise PipelineError(f'`grounding.stopwords` must be a stopword file, or "" for the shipped NLTK English list; got {stopwords!r}')
-        settings = cls(tuple(tasks), baseline, model, threshold, stopwords or None, examples_task, examples_per_class)
-        if files:
-            settings.check_files()
-        return settings
-
-    def check_files(self) -> None:
-        """The predictions of both runs compared are there."""
-        family = self.baseline.split("/", 1)[0]  # run names are <family>/<model>; a family's name has no slash
-        for key, run in (("baseline", self.baseline), ("model", self.model)):
-            for task in self.tasks:
-                if not predictions(task, run).is_file():
-                    written = sorted(p.parent.name for p in (FINETUNE / task / family).glob(f"*/{PREDICTIONS}"))
-                    raise PipelineError(f"missing {predictions(task, run)}: `grounding.{key}` names a run the finetune "
-                                        f"stage did not write for `{task}`; runs of {family} there: "
-                                        f"{', '.join(written) or 'none yet (`dvc repro finetune`)'}")
-
-    @property
-    def names(self) -> tuple[str, str]:
-        """(baseline, model): the two runs compared."""
-        return self.baseline, self.model
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -176,6 +112,14 @@ def caption_word_counts(captions: Iterable[str], tokenize: Tokenize, batch_size:
         for words in text_words(batch, tokenize, prefix):
             counts.update(words)
     return counts
+
+
+def read_word_counts(folder: Path) -> dict:
+    """word_counts.json of the `captions` stage: {"source", "captions", "counts"}."""
+    path = Path(folder) / WORD_COUNTS_FILE
+    if not path.is_file():
+        raise PipelineError(f"missing {path}: run `dvc repro captions`")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def classify(words: Sequence[str], stopwords: frozenset[str], counts: Mapping[str, int], threshold: int,

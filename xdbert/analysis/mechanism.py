@@ -63,7 +63,8 @@ def probe_at(rows: list[dict], layer: str) -> dict:
 
 def correct_matrix(preds: pd.DataFrame, split: str, idx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(dev example idx (examples,), correct (seeds, examples) bool) of one split of a run's predictions
-    (as aggregate.read_predictions checked them), in `idx`'s order where given, else sorted by idx."""
+    (as `finetuning.control.predictions.read_predictions` checked them), in `idx`'s order where given, else
+    sorted by idx."""
     rows = preds[preds["split"] == split]
     if rows.empty:
         raise ValueError(f"{preds.attrs.get('source', 'the predictions')} has no rows of split {split!r}")

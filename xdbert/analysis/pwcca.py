@@ -14,8 +14,9 @@ import numpy as np
 from xdbert import params as P
 from xdbert.analysis import cca
 from xdbert.errors import PipelineError
-from xdbert.model.settings import family_names
-from xdbert.paths import CLIP_CONFIG, PRETRAIN_CLIP
+from xdbert.model.files import CLIP_CONFIG
+from xdbert.model.families import family_names
+from xdbert.paths import PRETRAIN_CLIP
 
 CONVENTION_TEXT = {"svcca": "google/svcca's `compute_pwcca`, directions `(x - mean) U` without whitening, means added back "
                             "(which makes PWCCA depend on the signs the SVD gives its singular vectors, by up to 0.02 "
@@ -32,6 +33,9 @@ PAPER = {("BERT-b", "ELECTRA-b"): 0.5498, ("BERT-b", "CLIP"): 0.4980, ("ELECTRA-
 # ----------------------------------------------------------------------------------------------------
 # The `pwcca` params
 # ----------------------------------------------------------------------------------------------------
+
+PWCCA_KEYS = ("clip_tower", "pairs", "eps", "convention", "weight_by", "min_words_ratio", "seed")  # a typo: refused
+
 
 @dataclass(frozen=True)
 class PwccaSettings:
@@ -55,7 +59,7 @@ class PwccaSettings:
     @classmethod
     def from_params(cls, params: dict, files: bool = True) -> "PwccaSettings":
         """`files`: also check that `clip_tower` is a saved tower (False: the values only, as `xdbert check`)."""
-        sec = P.section(params, "pwcca")
+        sec = P.section(params, "pwcca", PWCCA_KEYS)
         get = P.getter(sec, "pwcca")
 
         study = family_names(params)

@@ -6,6 +6,7 @@ study, what the CLIP stand-in learns its facts from.
     data/captions/captions_nofacts.json  the mechanism study: the same captions with the twin's attribute words
     data/captions/facts.json             the mechanism study: each object's attribute, twin attribute and split
     data/captions/word_counts.json       {"source", "captions", "counts"}: whole-word counts of the captions
+                                         (xdbert.analysis.grounding counts and reads them)
 
 `grounding.captions` names the source: `generated` (COCO-like scenes, or with the mechanism study on, scenes
 and fact captions: `world.captions`), a COCO captions `.json` file, or a `datasets` id or folder.
@@ -27,7 +28,6 @@ from xdbert.paths import CAPTIONS_JSON
 CAPTIONS_FILE = CAPTIONS_JSON.name
 NOFACTS_FILE = "captions_nofacts.json"
 FACTS_FILE = "facts.json"
-WORD_COUNTS_FILE = "word_counts.json"
 
 
 @dataclass(frozen=True)
@@ -113,14 +113,6 @@ def write_coco_captions(captions: Sequence[str], path: str | Path, description: 
         "annotations": [{"id": i, "image_id": i, "caption": c} for i, c in enumerate(captions)],
     }
     Path(path).write_text(json.dumps(data) + "\n", encoding="utf-8")
-
-
-def read_word_counts(folder: Path) -> dict:
-    """word_counts.json of the `captions` stage: {"source", "captions", "counts"}."""
-    path = Path(folder) / WORD_COUNTS_FILE
-    if not path.is_file():
-        raise PipelineError(f"missing {path}: run `dvc repro captions`")
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def load_hub_captions(hub_id: str, split: str, column: str) -> list[str]:

@@ -12,7 +12,6 @@ The embedded profile's generator lives in `xdbert.data.synthetic.documents`.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from xdbert.data.mechanism import corpus_world
 from xdbert.data.synthetic.documents import generate_corpus
 from xdbert.data.synthetic.words import OBJECTS
 from xdbert.errors import PipelineError
-from xdbert.hub import hub_request, source
+from xdbert.hub import hub_config_errors, hub_request, source
 from xdbert.io import atomic_path, write_parquet
 
 SOURCES = ("generated", "hub")
@@ -39,6 +38,9 @@ SCHEMA = pa.schema([("doc_id", pa.string()), ("text", pa.string())])
 # ---------------------------------------------------------------------------------------------
 # The `corpus` params and where the documents come from
 # ---------------------------------------------------------------------------------------------
+
+CORPUS_KEYS = ("source", "hub_id", "hub_config", "n_docs", "sentences_per_doc", "seed")  # a typo among them is refused
+
 
 @dataclass(frozen=True)
 class CorpusSettings:
@@ -57,7 +59,7 @@ class CorpusSettings:
 
     @classmethod
     def from_params(cls, params: dict) -> "CorpusSettings":
-        sec = P.section(params, "corpus")
+        sec = P.section(params, "corpus", CORPUS_KEYS)
         get = P.getter(sec, "corpus")
 
         source = P.choice(get("source"), "corpus.source", SOURCES)
@@ -157,17 +159,6 @@ def load_hub_corpus(hub_id: str, hub_config: str, cache_dir: str | None = None) 
         column = ds[theirs].data.column("text")  # Arrow, read chunk by chunk: wiki103 has 1.8M lines
         out[ours] = list(documents_from_lines(line for chunk in column.chunks for line in chunk.to_pylist()))
     return out
-
-
-@contextlib.contextmanager
-def hub_config_errors(section: str, hub_id: str, config: str | None) -> Iterator[None]:
-    """Turn `datasets`' "BuilderConfig 'x' not found" into a PipelineError naming the params to fix."""
-    try:
-        yield
-    except ValueError as e:
-        if "BuilderConfig" in str(e):
-            raise PipelineError(f"`{hub_id}` has no config {config!r} (check the `{section}` params): {e}") from e
-        raise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,9 @@ NOFACTS = "nofacts"          # the adapt variant beside the twin tower (`adapt.c
 CAPTION_MLM = "caption_mlm"  # the caption-text control (`adapt.text: captions`): the facts read directly, the upper reference
 VIS = "vis"                  # the probe task, finetuned beside `tasks.names` when the study is on
 VIS_SIZES = ("train", "f_plus", "f_zero", "t")
+MECHANISM_KEYS = ("enabled", "extra_objects", "patterns", "seed", "n_train", "n_dev_captioned", "n_dev_uncaptioned",
+                  "fact_share", "fact_rate", "after_object", "caption_share", "vis", "models", "full_models",
+                  "clip_towers", "control_task", "sentences", "bow_seeds", "replication", "gates")
 GATE_KEYS = ("level", "n_boot", "exact_below", "n_perm", "n_flip", "lambda", "probe_layer", "alpha_a", "alpha_c",
              "alpha_d", "alpha_e")
 PROBE_LAYERS = ("cross_input",)  # the layer the cross layers read: the encoder's last, the tower's after ln_final
@@ -29,8 +32,8 @@ PROBE_LAYERS = ("cross_input",)  # the layer the cross layers read: the encoder'
 
 def corpus_world(params: dict) -> tuple[list[Noun], tuple[str, ...]]:
     """(the objects the corpus draws its props from, its pattern words): `mechanism.extra_objects` and
-    `mechanism.patterns`, the only keys of the section the corpus reads."""
-    sec = P.section(params, "mechanism")
+    `mechanism.patterns`, the only keys of the section the corpus reads (every key of it checked)."""
+    sec = P.section(params, "mechanism", MECHANISM_KEYS)
     get = P.getter(sec, "mechanism")
     n_extra = get("extra_objects")
     if not isinstance(n_extra, int) or isinstance(n_extra, bool) or not 0 <= n_extra <= len(EXTRA_OBJECTS):

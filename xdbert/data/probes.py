@@ -11,8 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xdbert import params as P
+from xdbert.data import provided, vicomte
 from xdbert.data.vicomte import RELATIONS
 from xdbert.errors import PipelineError
+
+
+PROBES_KEYS = ("enabled", "vicomte_dir", "relations", "coda_hub_id", "reference", "cv_folds", "n_boot")  # a typo: refused
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class ProbesSettings:
 
     @classmethod
     def from_params(cls, params: dict) -> "ProbesSettings":
-        get = P.getter(P.section(params, "probes"), "probes")
+        get = P.getter(P.section(params, "probes", PROBES_KEYS), "probes")
         relations = P.subset(get("relations"), "probes.relations", RELATIONS)
         if len(set(relations)) != len(relations):
             raise PipelineError(f"`probes.relations` lists a relation twice: {relations}")
@@ -47,3 +51,17 @@ def _folds(value) -> int:
     if folds < 2:
         raise PipelineError(f"`probes.cv_folds` must be an integer >= 2 (folds of the cross-validation on train); got {value!r}")
     return folds
+
+
+def vicomte_files(s: ProbesSettings) -> list[tuple[str, Path]]:
+    """(param, path) of every ViComTe file settings `s` expect a user to have put in place (none with the probes
+    off), as xdbert.data.provided.files lists the other hand-provided files; `xdbert fetch` checks them with those."""
+    if not s.enabled:
+        return []
+    return [(provided.VICOMTE, path) for relation in s.relations for path in vicomte.files(s.vicomte_dir, relation)]
+
+
+def check_vicomte_files(s: ProbesSettings) -> None:
+    """ViComTe's files are there and in their format, before any model is loaded: the probes stage's check of
+    its hand-provided inputs (a PipelineError naming the first file that is not)."""
+    provided.check_files(vicomte_files(s))

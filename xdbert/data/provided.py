@@ -3,9 +3,11 @@ ViComTe's files (xdbert.data.vicomte).
 
 The paper profile expects them under inputs/, in folders dvc.yaml declares as dependencies of the stages
 that read them (inputs/commonlit of `tasks`, inputs/coco of `captions`, inputs/vicomte of `probes`), so replacing a
-file reruns those stages. The first stage of the
-graph (`corpus`) and `xdbert fetch` check that each one is there and readable, so a missing or wrong file
-stops the run in a second, before any download or training, instead of hours in.
+file reruns those stages. The first stage of the graph (`corpus`) checks that CommonLit's and COCO's are there
+and readable (`files`), so a missing or wrong file stops the run in a second, before any download or training,
+instead of hours in; ViComTe's, which the probes stage alone reads, that stage checks
+(xdbert.data.probes.vicomte_files), so their settings stay out of every other stage's code. `xdbert fetch`
+checks them all.
 """
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ import json
 from pathlib import Path
 
 from xdbert.data import vicomte
-from xdbert.data.probes import ProbesSettings
 from xdbert.errors import PipelineError
 
 INPUTS = Path("inputs")
@@ -23,28 +24,21 @@ READ_COLUMNS = ("excerpt", "target")  # of Kaggle's commonlitreadabilityprize tr
 
 
 def files(p: dict) -> list[tuple[str, Path]]:
-    """(param, path) of every file params `p` expect a user to have put in place. A section `p` lacks (a
-    params file written for one stage) expects none: the stage that reads that section checks it."""
+    """(param, path) of CommonLit's and COCO's files, where params `p` expect a user to have put them in place
+    (ViComTe's: xdbert.data.probes.vicomte_files). A section `p` lacks (a params file written for one stage)
+    expects none: the stage that reads that section checks it."""
     tasks, grounding = p.get("tasks") or {}, p.get("grounding") or {}
     out = []
     if tasks.get("source") == "hub" and "read" in tasks.get("names", []) and str(tasks.get("read_path")).endswith(".csv"):
         out.append(("tasks.read_path", Path(tasks["read_path"])))
     if str(grounding.get("captions")).endswith(".json"):
         out.append(("grounding.captions", Path(grounding["captions"])))
-    probes = ProbesSettings.from_params(p) if "probes" in p else None  # checked: its folder and relations make paths
-    if probes and probes.enabled:
-        out += [(VICOMTE, path) for relation in probes.relations for path in vicomte.files(probes.vicomte_dir, relation)]
     return out
 
 
-def check(p: dict) -> None:
-    """Every hand-provided file params `p` expect is there and in its format (`check_files`)."""
-    check_files(files(p))
-
-
 def check_files(expected: list[tuple[str, Path]]) -> None:
-    """Every (param, path) of `files` is there and in its format: one PipelineError naming the first that is
-    not. A file outside inputs/ is read, with a note that DVC does not track it. ViComTe's files are read a
+    """Every (param, path) of `files` (and of xdbert.data.probes.vicomte_files) is there and in its format: one
+    PipelineError naming the first that is not. A file outside inputs/ is read, with a note that DVC does not track it. ViComTe's files are read a
     relation at a time, as their checks span files (a subject's counts, a class of the word list)."""
     relations, noted = set(), set()
     for key, path in expected:

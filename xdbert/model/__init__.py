@@ -2,7 +2,7 @@
 
 Read in this order: `encoders` (the language encoder), `clip_tower` (CLIP's text tower), `layers` (cross-modal
 layers and pretraining heads), `modeling` (`XDBertConfig`, `XDBertModel`), `saving`, `build` (the model an
-`adapt` variant trains, from params). `settings` holds the `model` section and imports nothing heavy.
+`adapt` variant trains, from params). `settings` holds the `model` section and `families` the `families` section; both import nothing heavy.
 """
 
 LOSSES = ("mlm", "match", "cliptc", "distill")  # the adaptation objectives, in the order every report lists them

@@ -21,10 +21,24 @@ import torch
 from xdbert import paths
 from xdbert.errors import PipelineError
 from xdbert.model.clip_tower import CLIPTextTower
-from xdbert.model.encoders import encoder_source
+from xdbert.model.encoders import random_encoder_config
 from xdbert.model.modeling import XDBertConfig, XDBertModel
 from xdbert.model.saving import load_clip_tower
 from xdbert.model.settings import ModelSettings
+from xdbert.random_encoder import RANDOM_PREFIX
+
+
+def encoder_source(encoder: str, encoder_config: dict | None = None, family: str = "") -> str:
+    """Where adaptation (and everything that starts from the original encoder) loads family `family`'s
+    encoder: the pretrained stand-in for a `random:<type>` encoder, the hub id or folder otherwise."""
+    if not encoder.startswith(RANDOM_PREFIX):
+        return encoder
+    random_encoder_config(encoder, encoder_config)  # an unknown model type is named here
+    source = paths.pretrain_encoder(family)
+    if not family or not (source / "config.json").is_file():
+        raise PipelineError(f"missing {source}: family {family!r}'s `{encoder}` encoder starts from its pretraining "
+                            f"stand-in; run `dvc repro pretrain_encoder@{family or '<family>'}`")
+    return str(source)
 
 
 class Variant(Protocol):

@@ -49,7 +49,7 @@ class ClipLayout:
         """The layout of a (B, n_blocks, context) `clip_block_mask`; reads it on the host.
 
         `multiple` > 1 trades a little work for few distinct shapes, so that a step recorded as a CUDA
-        graph (xdbert.finetuning.graphed) serves most batches: every block of each block position some
+        graph (xdbert.finetuning.compute.graphed) serves most batches: every block of each block position some
         window uses is run, the length is rounded up to `multiple` (at most `context`), and the kept
         positions are those blocks' first `length`. What this adds holds no token: its features are
         zero and it is masked as a key, so the outputs are the same up to rounding.

@@ -2,7 +2,8 @@
 
 `random:<model_type>` is built from a transformers config; anything else (a hub id, a local
 `save_pretrained` folder) is loaded with its own config and vocabulary. A random encoder starts the
-adaptation from its pretraining stand-in (`encoder_source`, the `pretrain_encoder@<family>` stage's output).
+adaptation from its pretraining stand-in (`xdbert.model.build.encoder_source`, the `pretrain_encoder@<family>`
+stage's output).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 
-from xdbert import io, paths
+from xdbert import io
 from xdbert.errors import PipelineError
 from xdbert.hub import hub_request, quiet_loading, source
 from xdbert.random_encoder import RANDOM_PREFIX, random_default_config
@@ -107,16 +108,3 @@ def load_pretrained_mlm_head(name: str, head: "MaskedTokenHead") -> bool:
         head.layer_norm.bias.copy_(state[f"{norm}.bias"])
         head.bias.copy_(state[bias])
     return True
-
-
-def encoder_source(encoder: str, encoder_config: dict | None = None, family: str = "") -> str:
-    """Where adaptation (and everything that starts from the original encoder) loads family `family`'s
-    encoder: the pretrained stand-in for a `random:<type>` encoder, the hub id or folder otherwise."""
-    if not encoder.startswith(RANDOM_PREFIX):
-        return encoder
-    random_encoder_config(encoder, encoder_config)  # an unknown model type is named here
-    source = paths.pretrain_encoder(family)
-    if not family or not (source / "config.json").is_file():
-        raise PipelineError(f"missing {source}: family {family!r}'s `{encoder}` encoder starts from its pretraining "
-                            f"stand-in; run `dvc repro pretrain_encoder@{family or '<family>'}`")
-    return str(source)

@@ -15,16 +15,16 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
-from xdbert import paths
 from xdbert.errors import PipelineError
 from xdbert.io import atomic_path, check_safetensors, read_json, write_json
 from xdbert.model.clip_tower import CLIPTextTower, clip_uses_quick_gelu
+from xdbert.model.files import CLIP_CONFIG, CROSSMODAL_CONFIG
 from xdbert.model.modeling import XDBertConfig, XDBertModel
 
 ENCODER_CONFIG_DIR = "encoder"
 WEIGHTS_FILE = "model.safetensors"
 
-CLIP_WEIGHTS_FILE = "model.safetensors"  # a saved CLIP text tower's weights, beside paths.CLIP_CONFIG
+CLIP_WEIGHTS_FILE = "model.safetensors"  # a saved CLIP text tower's weights, beside CLIP_CONFIG
 
 
 def save_clip_tower(tower: nn.Module, directory: str | Path, clip: str, clip_pretrained: str = "") -> Path:
@@ -39,7 +39,7 @@ def save_clip_tower(tower: nn.Module, directory: str | Path, clip: str, clip_pre
     clip_quick_gelu = clip_uses_quick_gelu(clip, clip_pretrained)
     with atomic_path(directory, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
-        write_json(tmp / paths.CLIP_CONFIG, {"clip": clip, "clip_pretrained": clip_pretrained, "clip_quick_gelu": clip_quick_gelu})
+        write_json(tmp / CLIP_CONFIG, {"clip": clip, "clip_pretrained": clip_pretrained, "clip_quick_gelu": clip_quick_gelu})
         save_model(tower, str(tmp / CLIP_WEIGHTS_FILE))
     return Path(directory)
 
@@ -49,9 +49,9 @@ def load_clip_tower(directory: str | Path) -> tuple[CLIPTextTower, dict]:
     from safetensors.torch import load_model
 
     directory = Path(directory)
-    if not (directory / paths.CLIP_CONFIG).is_file():
-        raise PipelineError(f"{directory} is not a saved CLIP text tower (no {paths.CLIP_CONFIG}): run `dvc repro pretrain_clip`")
-    config = read_json(directory / paths.CLIP_CONFIG)
+    if not (directory / CLIP_CONFIG).is_file():
+        raise PipelineError(f"{directory} is not a saved CLIP text tower (no {CLIP_CONFIG}): run `dvc repro pretrain_clip`")
+    config = read_json(directory / CLIP_CONFIG)
     check_safetensors(directory / CLIP_WEIGHTS_FILE)
     tower = CLIPTextTower.build(config["clip"], "", config.get("clip_quick_gelu"))
     load_model(tower, str(directory / CLIP_WEIGHTS_FILE), strict=True)
@@ -94,7 +94,7 @@ def save_full(model: XDBertModel, directory: str | Path) -> Path:
             state[name] = tensor.contiguous()
     with atomic_path(directory, is_dir=True) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / paths.CROSSMODAL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (tmp / CROSSMODAL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         model.encoder.config.save_pretrained(tmp / ENCODER_CONFIG_DIR)
         save_file(state, str(tmp / WEIGHTS_FILE))
     return Path(directory)
@@ -105,7 +105,7 @@ def load_full(directory: str | Path, device: str | torch.device = "cpu") -> XDBe
     from safetensors.torch import load_model
 
     directory = Path(directory)
-    config_file = directory / paths.CROSSMODAL_CONFIG
+    config_file = directory / CROSSMODAL_CONFIG
     try:
         config = XDBertConfig.from_dict(read_json(config_file)).validate()
     except ValueError as e:  # another version's config, or an edited one: the model code names no file

@@ -6,15 +6,14 @@ table cell and its confidence interval come from the same numbers and the same m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from xdbert import io
 from xdbert.data.tasks.metrics import compute_metrics, resampled_metric
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
+from xdbert.finetuning.control.predictions import RERUN
 
 
 @dataclass
@@ -34,27 +33,6 @@ class Cell:
     def spread(self) -> tuple[float, float]:
         v = list(self.per_seed.values())
         return float(np.min(v)), float(np.max(v))
-
-
-RERUN = "rerun its finetune stage (`dvc repro`)"
-
-
-def read_predictions(path: Path) -> pd.DataFrame:
-    """A run's dev predictions (`xdbert.finetuning.results`), checked as every table and figure needs them:
-    each example once per seed and split, and every seed of a split on the same examples, which the paired
-    bootstrap and Figure 4's per-example comparison assume. `attrs["source"]` names the file in errors."""
-    preds = io.read_parquet(path, RERUN).to_pandas()
-    missing = sorted({"seed", "split", "idx", "prediction", "label", "correct"} - set(preds.columns))
-    if missing:
-        raise PipelineError(f"{path} lacks columns {missing}; {RERUN}")
-    if preds.duplicated(["split", "seed", "idx"]).any():
-        raise PipelineError(f"{path} has an example twice for one seed; {RERUN}")
-    examples = preds.groupby(["split", "seed"])["idx"].agg(frozenset).groupby(level="split").nunique()
-    uneven = sorted(examples.index[examples > 1])
-    if uneven:
-        raise PipelineError(f"{path}: its seeds cover different dev examples of {', '.join(uneven)}; {RERUN}")
-    preds.attrs["source"] = str(path)
-    return preds
 
 
 def cell(preds: pd.DataFrame, task: TaskSpec, split: str | None = None) -> Cell:

@@ -1,69 +1,19 @@
-"""reports/probes.md: the visual-knowledge probes of issue 56 (../shared/PROBES.md) from a results dict.
+"""reports/probes.md: the visual-knowledge probes of issue 56 (../shared/PROBES.md) from the results dict of the probes
+study (xdbert.analysis.probes, whose docstring describes it).
 
 `render(results)` returns the markdown; the stage writes it (xdbert.io.write_text) beside the results
-(xdbert.io.write_json). The entry builders (`linear_entry`, `scores_entry`, `coda_entry`,
-`difference_entry`) turn xdbert.analysis.vicomte_probe's results into the dict's pieces, and
-`comparisons(models)` lists the differences the report needs, each computed by
-`vicomte_probe.paired_bootstrap` on the two rows' per-subject results. Figures are fractions (0-1 for
-accuracy, -1-1 for rank correlations); the report prints them x100.
-
-The results dict (JSON):
-
-    {
-      "profile": "paper",
-      "bootstrap": {"n_boot": 1000, "level": 0.95},
-      "cv_folds": 5,                         # the cross-validation on train that chooses a template
-      "models": [{"name": "XDBERT-b", "role": "xd", "family": "bert-b"}, ...],
-          role: "baseline" (a family's MLM-only encoder), "xd" (an adapted encoder: Table 1's and
-          Table 3's), "caption_control" (the family's encoder after the baseline's MLM recipe on COCO
-          captions), "reference" (bert-base-cased), "clip" (CLIP-T). family: the family an "xd" row is
-          compared within (its "baseline" and "caption_control" rows have the same); null for the
-          reference and CLIP-T.
-      "vicomte": {
-        "<relation>": {                      # color, shape, material
-          "templates": ["[X] can be of color [Y] .", ...],
-          "groupings": {
-            "<grouping>": {                  # all, single (never shape's "any": 2 test subjects)
-              "n_test": 574,
-              "majority": {"class": "white", "accuracy": 0.375,
-                           "prior_spearman": 0.41,        # vicomte_probe.prior_spearman, classes seen in train
-                           "prior_spearman_all": 0.40},   # the same over all classes (the cloze's comparison)
-              "linear": {"<model>": linear_entry(LinearProbe)},
-              "zero_shot": {"<model>": scores_entry(Scores)},         # MLM rows only; may be empty
-              "differences": [difference_entry(a, b, column, Interval), ...]
-                  # column: linear.oracle.accuracy, linear.chosen.accuracy, linear.oracle.spearman,
-                  # linear.chosen.spearman, zero_shot.accuracy, zero_shot.spearman
-            }
-          }
-        }
-      },
-      "coda": {                              # optional
-        "n_objects": 107,
-        "majority": {"spearman": 0.5, "kendall": 0.4},   # every object scored by the train objects' mean distribution
-        "rows": {"<model>": coda_entry(rho, tau)},
-        "differences": [difference_entry(a, b, column, Interval), ...]   # column: coda.spearman, coda.kendall
-      },
-      "merged_classes": {"<model>": {"<relation>": [["gray", "grey"], ...]}}   # vicomte_probe.merged_classes
-                                                                              # of each cloze row; relation
-                                                                              # "coda" for CoDa's colours
-    }
-
-Every "xd" row is compared with its family's "baseline" and, where the family has one, its
-"caption_control", in every column where both rows have a figure; `render` refuses a results dict
-that lacks one of those differences. Rows of one column must have the same n (the same subjects).
+(xdbert.io.write_json). Figures are fractions in the dict; the report prints them x100, beside the published figures
+(`ANCHORS`), and checks that the reference row and CLIP-T reproduce them within their noise. It refuses a results
+dict that lacks a difference the report shows (`comparisons`), and columns whose rows have different n.
 """
 from __future__ import annotations
 
 import math
 from typing import Mapping, Sequence
 
-import numpy as np
-
-from xdbert.analysis.mechanism_stats import Interval
-from xdbert.analysis.vicomte_probe import CHOICES, METRICS, LinearProbe, Scores
+from xdbert.analysis.probes import CODA_COLUMNS, VICOMTE_COLUMNS, check_models, comparisons
 from xdbert.reports.header import header
 
-ROLES = ("baseline", "xd", "caption_control", "reference", "clip")
 ROLE_TEXT = {"baseline": "baseline", "xd": "XD", "caption_control": "caption control", "reference": "reference",
              "clip": "CLIP-T"}
 RELATIONS = ("color", "shape", "material")
@@ -71,18 +21,6 @@ GROUPINGS = ("all", "single")
 GROUPING_TEXT = {"all": "all groups", "single": "single group"}
 PROVENANCE = "from the authors' repository, not checked against the paper"
 NOISE_SE = 2  # "within their noise": within this many standard errors
-
-# column key -> (header, where an entry's figure and n are read)
-VICOMTE_COLUMNS = {
-    "linear.oracle.accuracy": "linear acc., oracle",
-    "linear.chosen.accuracy": "linear acc., chosen on train",
-    "linear.oracle.spearman": "linear ρ, oracle",
-    "linear.chosen.spearman": "linear ρ, chosen on train",
-    "zero_shot.accuracy": "cloze top-1",
-    "zero_shot.spearman": "cloze ρ",
-}
-CODA_COLUMNS = {"coda.spearman": "Spearman ρ", "coda.kendall": "Kendall τ"}
-
 
 # The published figures (PROBES.md, [R]): the reference row's, CLIP-T's and two models we have no row for.
 # (role or None, relation, grouping, column, value x100, who, source file)
@@ -101,84 +39,6 @@ ANCHORS = (
     ("reference", "coda", None, "coda.spearman", 46.2,
      "bert-base-cased (ViComTe's zero-shot on its CoDa split, best template)", HEATMAP_FILE),
 )
-
-
-# ----------------------------------------------------------------------------------------------------
-# The results dict's pieces
-# ----------------------------------------------------------------------------------------------------
-
-def linear_entry(probe: LinearProbe) -> dict:
-    """A row's linear probe: per template choice ("oracle", "chosen") and metric the figure and its template."""
-    out = {"n": probe.test[0].n, "n_spearman": probe.test[0].n_spearman}
-    for choice in CHOICES:
-        out[choice] = {}
-        for metric in METRICS:
-            t = probe.oracle(metric) if choice == "oracle" else probe.chosen(metric)
-            scores = probe.test[t]
-            out[choice][metric] = scores.accuracy if metric == "accuracy" else scores.mean_spearman
-            out[choice][f"{metric}_template"] = t
-    return out
-
-
-def scores_entry(scores: Scores) -> dict:
-    """A row's cloze: top-1 accuracy and mean Spearman (per subject the best template), with n and the
-    Spearman's standard error (for the anchors' noise)."""
-    return {"accuracy": scores.accuracy, "spearman": scores.mean_spearman, "spearman_se": scores.spearman_se,
-            "n": scores.n, "n_spearman": scores.n_spearman}
-
-
-def coda_entry(rho: np.ndarray, tau: np.ndarray) -> dict:
-    """A row's CoDa figures from `vicomte_probe.coda_correlations`: the means over the objects that have
-    them, n, and the Spearman's standard error (for the anchor's noise)."""
-    rho, tau = np.asarray(rho, dtype=np.float64), np.asarray(tau, dtype=np.float64)
-    kept = np.isfinite(rho)
-    if kept.sum() < 2 or not np.array_equal(kept, np.isfinite(tau)):
-        raise ValueError("CoDa needs rho and tau on the same objects, at least two")
-    return {"spearman": float(rho[kept].mean()), "kendall": float(tau[kept].mean()),
-            "spearman_se": float(rho[kept].std(ddof=1) / np.sqrt(kept.sum())), "n": int(kept.sum())}
-
-
-def difference_entry(a: str, b: str, column: str, interval: Interval) -> dict:
-    if column not in VICOMTE_COLUMNS and column not in CODA_COLUMNS:
-        raise ValueError(f"unknown column {column!r}; allowed: {', '.join([*VICOMTE_COLUMNS, *CODA_COLUMNS])}")
-    return {"a": a, "b": b, "column": column, "estimate": interval.estimate, "low": interval.low,
-            "high": interval.high}
-
-
-def comparisons(models: Sequence[Mapping]) -> list[tuple[str, str]]:
-    """The differences the report shows, (a, b) for a minus b: every "xd" row minus its family's
-    "baseline", then minus its family's "caption_control" where the family has one. ValueError where an
-    "xd" row's family has no baseline."""
-    by_role: dict[tuple[str, str | None], str] = {}
-    for m in _check_models(models):
-        if m["role"] in ("baseline", "caption_control"):
-            by_role[(m["role"], m.get("family"))] = m["name"]
-    out = []
-    for m in models:
-        if m["role"] != "xd":
-            continue
-        baseline = by_role.get(("baseline", m.get("family")))
-        if baseline is None:
-            raise ValueError(f"the XD row {m['name']!r} has no baseline row of its family {m.get('family')!r}")
-        out.append((m["name"], baseline))
-        control = by_role.get(("caption_control", m.get("family")))
-        if control is not None:
-            out.append((m["name"], control))
-    return out
-
-
-def _check_models(models: Sequence[Mapping]) -> Sequence[Mapping]:
-    names = [m["name"] for m in models]
-    if len(set(names)) != len(names):
-        raise ValueError(f"model names repeat: {names}")
-    for m in models:
-        if m["role"] not in ROLES:
-            raise ValueError(f"model {m['name']!r} has role {m['role']!r}; allowed: {', '.join(ROLES)}")
-    for role in ("baseline", "caption_control", "reference", "clip"):
-        keys = [m.get("family") for m in models if m["role"] == role]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"two {role} rows of one family: {keys}")
-    return models
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -383,7 +243,7 @@ def merged_lines(merged: Mapping) -> list[str]:
 
 def render(results: Mapping) -> str:
     """reports/probes.md from the results dict described in the module docstring."""
-    models = _check_models(results["models"])
+    models = check_models(results["models"])
     boot = results["bootstrap"]
     out = [header("Visual-knowledge probes: ViComTe and CoDa", results["profile"], ", ".join(m["name"] for m in models)),
            "Figures x100. Linear probe (ViComTe's): per template, LogisticRegression(C=0.316) on the mean token "

@@ -6,12 +6,15 @@ from collections import Counter
 from dataclasses import dataclass
 
 from xdbert import params
-from xdbert.data.tasks.registry import TaskSpec, get_task, task_names
+from xdbert.data.tasks.names import task_names
+from xdbert.data.tasks.registry import TaskSpec, get_task
 from xdbert.errors import PipelineError
-from xdbert.finetuning.runs import Study, seed_list
-from xdbert.model.settings import Family, ModelSettings, families
+from xdbert.finetuning.control.runs import Study, seed_list
+from xdbert.model.families import Family, families
+from xdbert.model.settings import ModelSettings
 
 CLIP_ROW = "CLIP-T"  # Table 1's row of CLIP's text tower alone
+AGGREGATE_KEYS = ("n_boot", "seed")  # a typo among them is refused
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class AggregateSettings:
 
     @classmethod
     def from_params(cls, p: dict) -> AggregateSettings:
-        agg, f = params.section(p, "aggregate"), params.section(p, "finetune")
+        agg, f = params.section(p, "aggregate", AGGREGATE_KEYS), params.section(p, "finetune")
         n_boot = params.positive(params.get(agg, "n_boot", "aggregate"), "aggregate.n_boot")
         seed = params.non_negative(params.get(agg, "seed", "aggregate"), "aggregate.seed")
         study = Study.from_params(p)

@@ -6,7 +6,7 @@ its adapted encoder (XDBERT-b) and, in Table 8, its whole cross-modal model (XBE
 model with its own family's baseline. Table 3 has the ablations of `adapt.family` alone.
 
 `render(settings, finetune_dir, adapt_metrics_dir)` reads every finetune run's dev predictions
-(<finetune_dir>/<task>/<run>/predictions.parquet, <run> as `xdbert.finetuning.runs.run_name` names it) and
+(<finetune_dir>/<task>/<run>/predictions.parquet, <run> as `xdbert.finetuning.control.runs.run_name` names it) and
 each family's adaptation metrics (<adapt_metrics_dir>/<family>/<variant>.json): Table 3's variants, and the
 MLM head each family's adaptation started from.
 """
@@ -20,11 +20,12 @@ import pandas as pd
 from xdbert import io, paths
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
-from xdbert.finetuning.runs import CLIP_MODEL, Study, run_name
-from xdbert.model.settings import Family
+from xdbert.finetuning.control.predictions import read_predictions
+from xdbert.finetuning.control.runs import CLIP_MODEL, Study, run_name
+from xdbert.model.families import Family
 from xdbert.params import BASELINE, PROPOSED
 from xdbert.random_encoder import RANDOM_PREFIX
-from xdbert.reports.aggregate import Cell, Replicates, bootstrap_replicates, cell, compare, read_predictions
+from xdbert.reports.aggregate import Cell, Replicates, bootstrap_replicates, cell, compare
 from xdbert.reports.header import header
 from xdbert.reports.settings import CLIP_ROW, AggregateSettings
 

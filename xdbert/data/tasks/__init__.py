@@ -3,6 +3,7 @@
 - `registry`: `TaskSpec` per task (kind, labels, dev splits, metrics, learning-rate class), the
   normalized Arrow schema and the on-disk layout of `data/tasks`.
 - `hub`: the real data through `datasets` (paper profile).
+- `names`: `tasks.names`, checked (`task_names`), for every stage that reads it.
 - `settings`: the `tasks` params section, checked (`TasksSettings`).
 - `metrics`: `compute_metrics(task, predictions, labels)` with scikit-learn / scipy.
 

@@ -21,10 +21,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from xdbert.data.corpus import hub_config_errors
 from xdbert.data.provided import READ_COLUMNS, check_read_csv
 from xdbert.errors import PipelineError
-from xdbert.hub import hub_request, source
+from xdbert.hub import hub_config_errors, hub_request, source
 from xdbert.data.tasks.registry import TaskSpec, get_task, to_table
 
 # task -> (GLUE config, first text column, second text column or None)

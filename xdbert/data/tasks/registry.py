@@ -81,28 +81,10 @@ TASK_NAMES = tuple(TASK_SPECS)  # what `tasks.names` may list: Table 1's columns
 # `mechanism.enabled`, never one of `tasks.names`, so Table 1 keeps its columns. Its label is the index of the
 # attribute word in `words.PATTERNS` (`MechanismSettings.facts`), all four of which the study needs. Both are written
 # out here, not imported (a test holds them equal): every module this one imports joins the finetuning run
-# cache's code key (`finetuning.job.code_files`), and an edit to the generators must not make every run stale.
+# cache's code key (`finetuning.compute.keys.code_files`), and an edit to the generators must not make every run stale.
 VIS_SPEC = TaskSpec("vis", "classification", 4, False, _DEV, "accuracy", True, ("accuracy",),
                     ("striped", "spotted", "plaid", "floral"))
 VIS_KINDS = ("F+", "F0", "T=", "T!=")  # the dev rows' kinds (data/tasks/vis/dev_kinds.parquet)
-
-
-def task_names(params: dict) -> list[str]:
-    """`tasks.names`, checked: the tasks every later stage finetunes and reports on."""
-    from xdbert import params as P
-
-    return checked_names(P.get(P.section(params, "tasks"), "names", "tasks"))
-
-
-def checked_names(names) -> list[str]:
-    """`tasks.names` as given, checked: tasks of TASK_NAMES; the probe task `vis` refused by name."""
-    from xdbert import params as P
-
-    if isinstance(names, list) and VIS_SPEC.name in names:
-        raise PipelineError(f"`tasks.names` lists {VIS_SPEC.name!r}, the mechanism study's probe task: it is not a Table 1 "
-                            f"column; the tasks and finetune stages add it when `mechanism.enabled` is true. Allowed: "
-                            f"{', '.join(TASK_NAMES)}")
-    return P.subset(names, "tasks.names", TASK_NAMES)
 
 
 def get_task(name: str) -> TaskSpec:

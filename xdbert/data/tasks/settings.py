@@ -6,10 +6,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from xdbert import params as P
-from xdbert.data.tasks.registry import TASK_NAMES, checked_names
+from xdbert.data.tasks.names import checked_names
+from xdbert.data.tasks.registry import TASK_NAMES
 from xdbert.errors import PipelineError
 
 SOURCES = ("generated", "hub")
+TASKS_KEYS = ("source", "names", "train_size", "train_sizes", "dev_size", "read_path", "read_dev_fraction",
+              "glue_hub_id", "swag_hub_id", "seed")  # a typo among them is refused
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class TasksSettings:
 
     @classmethod
     def from_params(cls, params: dict) -> "TasksSettings":
-        sec = P.section(params, "tasks")
+        sec = P.section(params, "tasks", TASKS_KEYS)
         get = P.getter(sec, "tasks")
 
         source = P.choice(get("source"), "tasks.source", SOURCES)

@@ -34,9 +34,12 @@ INT16_MAX = 2**15 - 1  # bert_len and the alignment are stored as int16
 CLEANING = "xdbert.tokenization.clean_text (CLIP's basic_clean + whitespace_clean, special strings removed)"
 
 
+TOKENIZE_KEYS = ("vocab_size", "max_len", "n_blocks", "shard_windows", "max_overflow", "validate_windows", "workers")
+
+
 @dataclass(frozen=True)
 class Settings:
-    """The `tokenize` params section, checked."""
+    """The `tokenize` params section, checked (a key not in TOKENIZE_KEYS refused)."""
 
     vocab_size: int
     max_len: int
@@ -48,6 +51,7 @@ class Settings:
 
     @classmethod
     def from_params(cls, sec: dict) -> "Settings":
+        P.check_keys(sec, "tokenize", TOKENIZE_KEYS)
         get = P.getter(sec, "tokenize")
 
         max_len = P.positive(get("max_len"), "tokenize.max_len")

@@ -2,7 +2,7 @@
 
 `ray.init()` starts a local Ray instance when no cluster is named, and joins the cluster `RAY_ADDRESS`
 names (Ray's own variable) when it is set. A local instance takes the cores no other grid on the machine
-holds (xdbert.finetuning.cores), so experiments run at once share them. Each worker is an actor, a long-lived process: imports, the
+holds (xdbert.finetuning.control.cores), so experiments run at once share them. Each worker is an actor, a long-lived process: imports, the
 CUDA context and compiled graphs are paid once per worker, not once per run. A worker fetches the
 tokenized jobs once, trains one run at a time and returns its result; only the stage's process writes.
 
@@ -26,9 +26,9 @@ from ray.util import ActorPool
 
 from xdbert import training
 from xdbert.errors import PipelineError
-from xdbert.finetuning.cores import claim, machine_cores, release
-from xdbert.finetuning.job import model_parameters
-from xdbert.finetuning.stacked import train_group
+from xdbert.finetuning.compute.stacked import train_group
+from xdbert.finetuning.control.cores import claim, machine_cores, release
+from xdbert.finetuning.control.sizes import model_parameters
 from xdbert.numerics import FINETUNING_THREADS, mkl_path
 
 # How many runs go at once: environment variables, never params.
@@ -139,7 +139,7 @@ def check_address() -> None:
                             "head there (`ray start --head`) or unset RAY_ADDRESS to run on a local instance") from None
 
 
-# The cores this process's local Ray instance holds (xdbert.finetuning.cores), until `disconnect`
+# The cores this process's local Ray instance holds (xdbert.finetuning.control.cores), until `disconnect`
 _held: list = []
 
 
@@ -252,7 +252,7 @@ def placement(workers: list) -> list[dict]:
 
 def results(workers: list, jobs: ray.ObjectRef, runs: list[tuple[int, tuple]],
             tick_s: float | None = None) -> Iterator[tuple[int, tuple, list[dict]] | None]:
-    """(job index, seeds, their results) of every run (a group of seeds, `grid.groups`) of the `share`d
+    """(job index, seeds, their results) of every run (a group of seeds, `keys.groups`) of the `share`d
     `jobs` as it finishes; a free worker takes the next run in order. None after `tick_s` seconds without
     one, for the log."""
     pool = ActorPool(workers)

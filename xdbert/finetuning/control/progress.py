@@ -8,8 +8,8 @@ fixed part (loading, evaluating) plus a part in proportion to its cost (`grid.co
 seconds = a + b x cost, fitted to the runs that took a measured time, the reused ones and those this
 grid trained. Cost alone made the estimate front-loaded: the many small runs at the end of a grid,
 "2% of the cost", took a quarter of its time. Until runs of costs SPREAD apart have ended, the model is
-cost alone. The module computes nothing a run returns: the run cache's key leaves it out
-(`job.LOG_ONLY`), so changing it retrains nothing. The time left is the work left at the rate the finished runs went; before any has
+cost alone. The module computes nothing a run returns: the run cache's key leaves it out, as it leaves out
+all of the grid's control, so changing it retrains nothing. The time left is the work left at the rate the finished runs went; before any has
 finished, the fitted seconds of the runs to train over the workers, where the grid reuses any.
 """
 from __future__ import annotations

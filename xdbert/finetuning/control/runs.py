@@ -26,7 +26,8 @@ from typing import Callable, NamedTuple
 from xdbert import io, params, paths
 from xdbert.data.tasks.registry import VIS_SPEC
 from xdbert.errors import PipelineError
-from xdbert.model.settings import ablation_family, family_names
+from xdbert.model.files import CLIP_CONFIG, CROSSMODAL_CONFIG
+from xdbert.model.families import ablation_family, family_names
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,10 @@ def clip_tower(model: str) -> Path:
 
 MODEL_FOLDERS: dict[str, ModelFolder] = {
     "encoder": ModelFolder(paths.adapted, str(paths.adapted("<family>", "<name>")), "config.json", "{}"),
-    "clip": ModelFolder(lambda family, name: clip_tower(name), str(clip_tower("<model>")), paths.CLIP_CONFIG, "{}_t"),
-    "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<family>", "<name>")), paths.CROSSMODAL_CONFIG, "full_{}"),
+    "clip": ModelFolder(lambda family, name: clip_tower(name), str(clip_tower("<model>")), CLIP_CONFIG, "{}_t"),
+    "full": ModelFolder(paths.crossmodal, str(paths.crossmodal("<family>", "<name>")), CROSSMODAL_CONFIG, "full_{}"),
 }
-MODEL_KINDS = tuple(MODEL_FOLDERS)   # what `finetuning.job.prepare` can finetune
+MODEL_KINDS = tuple(MODEL_FOLDERS)   # what `prepare.prepare` can finetune
 CLIP_MODEL = "clip"                  # the model name of Table 1's `clip` run (models/pretrain_clip)
 
 VIS = VIS_SPEC.name        # the mechanism study's probe task (`mechanism.VIS`)
@@ -132,8 +133,8 @@ class Study:
     families: list[str]         # `families`: Table 1's encoders
     ablation_family: str        # `adapt.family`: Table 3's and the mechanism study's
     # The mechanism study's `MechanismSettings` where it is on (its rows on `vis` and its control task), else None.
-    # Passed in by the stages that finetune or report them, not imported: this module is part of the run cache's
-    # code key (`job.code_files`), which must not follow the study's world generators.
+    # Passed in by the stages that finetune or report them, not imported: the modules that import this one (the
+    # grid, the tables) must not follow the study's world generators.
     mechanism: object | None = None
 
     @classmethod

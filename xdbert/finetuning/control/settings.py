@@ -11,12 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from xdbert import params
-from xdbert.data.tasks.registry import TASK_NAMES, VIS_SPEC, TaskSpec, task_names
+from xdbert.data.tasks.names import task_names
+from xdbert.data.tasks.registry import TASK_NAMES, VIS_SPEC, TaskSpec
 from xdbert.errors import PipelineError
-from xdbert.finetuning.runs import Run, Study, seed_list
+from xdbert.finetuning.compute.hyperparameters import Hyperparameters, RunValues
+from xdbert.finetuning.control.runs import Run, Study, seed_list
+from xdbert.precisions import PRECISIONS
 
 LARGE_WIDTH = 1024          # Table 5: "large" models (BERT-l, ELECTRA-l) are 1024 wide
 MAX_GRAD_NORM = 1.0         # gradient clipping, transformers' default; not a param
+FINETUNE_KEYS = ("lr", "models", "ablations", "ablation_tasks", "ablation_lr", "ablation_seeds", "full_models",
+                 "clip_tasks", "seeds", "rte_seeds", "epochs", "warmup_ratio", "batch_size", "eval_batch_size",
+                 "max_len", "weight_decay", "length_group", "clip_blocks_per_sentence", "dropout",
+                 "precision", "compile", "cuda_graph", "stack")  # a typo among them is refused
 
 
 def size_of(width: int) -> str:
@@ -37,37 +44,6 @@ def learning_rate(table: dict, spec: TaskSpec, size: str, model_kind: str = "enc
     except (KeyError, TypeError) as e:
         raise PipelineError(f"`finetune.lr` needs `{spec.name}: {{{size}: <lr>}}` (Table 5: base 1e-4 for RTE, "
                             f"MRPC, STS-B and 2e-5 for the others; large 5e-5 and 1e-5)") from e
-
-
-@dataclass(frozen=True)
-class RunValues:
-    """The `finetune` values a run takes as they are: what `FinetuneSettings` and `Hyperparameters` share."""
-
-    epochs: int
-    warmup_ratio: float
-    batch_size: int
-    eval_batch_size: int
-    max_len: int
-    weight_decay: float
-    length_group: int               # batches per length-sorted mega-batch; 1 = plain shuffled batches
-    clip_blocks_per_sentence: int   # Table 8: 2 blocks for one sentence, 4 for a pair
-    dropout: float                  # before the new head of the clip and full kinds
-    precision: str                  # auto | bf16 | fp16 | no (xdbert.training.mixed_precision)
-    compile: bool | str             # torch.compile the model (lengths dynamic): true, false, auto (on a GPU)
-    cuda_graph: bool                # record each step whole as a CUDA graph (on a GPU; xdbert.finetuning.graphed)
-    stack: int                      # seeds trained as one stacked model (xdbert.finetuning.stacked); 1 = each alone
-
-
-@dataclass(frozen=True)
-class Hyperparameters(RunValues):
-    """One run's hyperparameters: the `finetune` values with the run's learning rate.
-
-    Written to metrics.json as `hyperparameters`, and part of what a saved seed must match to be reused.
-    """
-
-    lr: float
-    layer_lr_decay: float           # the family's: 1.0 = off; 0.9 = each layer below the top gets lr * 0.9^depth
-    max_grad_norm: float
 
 
 def seeds_key(task: TaskSpec) -> str:
@@ -99,7 +75,7 @@ class FinetuneSettings(RunValues):
     @classmethod
     def from_params(cls, p: dict, task: TaskSpec, mechanism=None) -> FinetuneSettings:
         """`mechanism`: the mechanism study's settings where it is on (`Study.from_params`)."""
-        f = params.section(p, "finetune")
+        f = params.section(p, "finetune", FINETUNE_KEYS)
         s: dict[str, Any] = {key: params.positive(params.get(f, key, "finetune"), f"finetune.{key}")
                              for key in ("epochs", "batch_size", "eval_batch_size", "max_len", "length_group",
                                          "clip_blocks_per_sentence", "stack")}
@@ -107,7 +83,7 @@ class FinetuneSettings(RunValues):
             raise PipelineError(f"`finetune.max_len` must be at most 512 (BERT's positions); got {s['max_len']}")
         for key in ("warmup_ratio", "weight_decay", "dropout"):
             s[key] = params.fraction(params.get(f, key, "finetune"), f"finetune.{key}")
-        s["precision"] = params.choice(params.get(f, "precision", "finetune"), "finetune.precision", params.PRECISIONS)
+        s["precision"] = params.choice(params.get(f, "precision", "finetune"), "finetune.precision", PRECISIONS)
         s["compile"] = params.compile_setting(params.get(f, "compile", "finetune"), "finetune.compile")
         s["cuda_graph"] = params.flag(params.get(f, "cuda_graph", "finetune"), "finetune.cuda_graph")
         lr = params.get(f, "lr", "finetune")

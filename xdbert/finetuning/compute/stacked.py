@@ -34,12 +34,12 @@ from transformers.masking_utils import sdpa_mask
 
 from xdbert import training
 from xdbert.errors import PipelineError
-from xdbert.finetuning import data as fd
-from xdbert.finetuning import graphed
-from xdbert.finetuning.heads import mask_always_applied
-from xdbert.finetuning.job import Job, build_model
-from xdbert.finetuning.loop import epoch_loss, pad_multiple, seed_result, stepping, task_loss, train_seed
-from xdbert.finetuning.rates import parameter_groups
+from xdbert.finetuning.compute import data as fd
+from xdbert.finetuning.compute import graphed
+from xdbert.finetuning.compute.heads import mask_always_applied
+from xdbert.finetuning.compute.job import Job, build_model
+from xdbert.finetuning.compute.loop import epoch_loss, pad_multiple, seed_result, stepping, task_loss, train_seed
+from xdbert.finetuning.compute.rates import parameter_groups
 
 # Compiled, a stacked model is compiled anew for each batch shape: vmap's batching rules (layer norm's)
 # fix the sequence length in the graph, where the unstacked model keeps one graph for every length. So

@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from xdbert.finetuning.heads import mask_always_applied
+from xdbert.finetuning.compute.heads import mask_always_applied
 
 Batch = dict[str, torch.Tensor]
 

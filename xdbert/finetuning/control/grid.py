@@ -1,20 +1,20 @@
 """The finetuning grid: every (job, seed) run of the study in flight at once, and a cache of finished runs.
 
-The runs go to Ray workers (xdbert.finetuning.engine) longest first, so no worker idles while another
+The runs go to Ray workers (xdbert.finetuning.control.engine) longest first, so no worker idles while another
 still has several runs of its share to go (a task's runs differ up to 5x in cost, tasks far more). With
 `finetune.stack` above 1, a job's seeds go in fixed groups of that many, in the order the params list
-them, and each group trains as one stacked model (`xdbert.finetuning.stacked`).
+them, and each group trains as one stacked model (`xdbert.finetuning.compute.stacked`).
 
 With `Job.run_cache` set, the stage's process keeps every finished run there under a key of exactly what
-decided it: the code, the model's files, the tokenized task, the hyperparameters, the seed, the seeds
-stacked with it and the kind of device. DVC reruns the grid stage when any of its inputs changes, and a
+decided it (`xdbert.finetuning.compute.keys`): the code of what a run computes (none of this module's), the
+model's files, the tokenized task, the hyperparameters, the seed, the seeds stacked with it and the kind
+of device. DVC reruns the grid stage when any of its inputs changes, and a
 killed stage is rerun whole; either way, a run whose key is saved is read back instead of trained, so
 only the changed runs train (a new adaptation variant's, say) and a kill costs only the runs in flight. A fresh clone starts with an
 empty cache. When every run is in the cache, Ray is not started at all.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Callable
@@ -23,31 +23,13 @@ import torch
 
 from xdbert import training
 from xdbert.errors import PipelineError
-from xdbert.finetuning import cores
-from xdbert.finetuning.job import Job, compute_parameters
-from xdbert.finetuning.progress import TICK_S, Progress
-from xdbert.finetuning.stacked import Group, train_group
+from xdbert.finetuning.compute.job import Job
+from xdbert.finetuning.compute.keys import groups, run_key
+from xdbert.finetuning.compute.stacked import Group, train_group
+from xdbert.finetuning.control import cores
+from xdbert.finetuning.control.progress import TICK_S, Progress
+from xdbert.finetuning.control.sizes import compute_parameters
 from xdbert.numerics import FINETUNING_THREADS
-
-
-def groups(job: Job, seeds: list[int]) -> list[Group]:
-    """The job's seeds in groups of `stack`, in the given order (the last group may be smaller)."""
-    k = job.hyperparameters.stack
-    return [tuple(seeds[i:i + k]) for i in range(0, len(seeds), k)]
-
-
-# Settings a kind of model never reads: the encoder's own config sets its dropout, and it reads no CLIP
-# blocks. Changing one of them must not retrain Table 1's encoder runs, the bulk of the grid.
-NOT_READ = {"encoder": ("dropout", "clip_blocks_per_sentence")}
-
-
-def run_key(job: Job, seed: int, device: str, group: Group | None = None) -> str:
-    """What decides a run's result (`Job.identity` covers the code, model files and data; the settings its
-    kind reads), as a file name; `device` as `training.device_name` gives it; `group`, the seeds stacked
-    with it, where there are any."""
-    read = {k: v for k, v in dataclasses.asdict(job.hyperparameters).items() if k not in NOT_READ.get(job.model_kind, ())}
-    stacked = [list(group)] if group and len(group) > 1 else []
-    return training.fingerprint(job.identity, read, seed, device, *stacked)
 
 
 def cache_entry(job: Job, seed: int, device: str, group: Group | None = None) -> tuple[Path, str]:
@@ -105,7 +87,7 @@ def cost(job: Job, group: Group) -> float:
     """A run's expected cost, in proportion to its training FLOPs: the model's parameters less its token
     embeddings (`compute_parameters`) times the tokens it trains on (BERT tokens and CLIP ids, every epoch),
     for each seed of the group. The grid orders its runs by it, longest first, and weighs its progress with
-    it (xdbert.finetuning.progress)."""
+    it (xdbert.finetuning.control.progress)."""
     train = job.data["train"]
     tokens = sum(int(r.offsets[-1]) for r in train.inputs.values()) + (0 if train.clip_ids is None else train.clip_ids.size)
     return float(compute_parameters(job.model_path)) * tokens * job.hyperparameters.epochs * len(group)
@@ -150,7 +132,7 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto",
         begin(workers=0)
     else:
         # Ray only where a grid runs: the benchmarks' single seeds (`run_seeds`) run on machines without it
-        from xdbert.finetuning import engine
+        from xdbert.finetuning.control import engine
 
         # Grids running at once on this machine (experiments of a queue) share its cores: the slots beside
         # the run cache they share

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from xdbert import io, paths
 from xdbert.errors import PipelineError
-from xdbert.finetuning.job import Job
+from xdbert.finetuning.compute.job import Job
 
 
 def _clean(x: float) -> float | None:

@@ -20,11 +20,11 @@ from xdbert import training
 from xdbert.data.tasks.metrics import compute_metrics
 from xdbert.data.tasks.registry import TaskSpec
 from xdbert.errors import PipelineError
-from xdbert.finetuning import data as fd
-from xdbert.finetuning import graphed
-from xdbert.finetuning.job import Job, build_model
-from xdbert.finetuning.rates import parameter_groups
-from xdbert.finetuning.settings import Hyperparameters
+from xdbert.finetuning.compute import data as fd
+from xdbert.finetuning.compute import graphed
+from xdbert.finetuning.compute.hyperparameters import Hyperparameters
+from xdbert.finetuning.compute.job import Job, build_model
+from xdbert.finetuning.compute.rates import parameter_groups
 from xdbert.model.modeling import locate
 
 
