@@ -31,10 +31,11 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def pytest_collection_modifyitems(items):
-    """The end-to-end module (`slow`) first. pytest-xdist hands each worker whole files in collection order
-    (pyproject's `--dist loadfile --no-loadscope-reorder`); test_pipeline.py is half the suite's time, and
-    started last it would leave the other core idle for minutes."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The end-to-end modules (`slow` as a whole: `pytestmark`) first. pytest-xdist hands each worker whole files
+    in collection order (pyproject's `--dist loadfile --no-loadscope-reorder`); test_pipeline.py is half the
+    suite's time, and started last it would leave the other core idle for minutes. Files with a few slow tests
+    keep their place."""
+    items.sort(key=lambda item: not any(m.name == "slow" for m in item.getparent(pytest.Module).own_markers))
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +120,45 @@ def crossmodal_dirs(tmp_path_factory, bert_dir):
     save_full(XDBertModel.build(config), root / "full")
     save_clip_tower(CLIPTextTower.build("xdbert-tiny"), root / "clip", clip="xdbert-tiny")
     return root
+
+
+# ----------------------------------------------------------------------------------------------------
+# The fast tier, `pytest -m "not slow"`: the contributors' inner loop still imports every module
+# ----------------------------------------------------------------------------------------------------
+
+FAST_TIER = "not slow"
+_worker_modules: set[str] = set()  # xdist's controller runs no test: the modules its workers imported
+_not_imported: list[str] = []
+
+
+def _loaded() -> set[str]:
+    return {name for name in sys.modules if name.split(".")[0] == "xdbert"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _worker_modules.update(getattr(node, "workeroutput", {}).get("xdbert_modules", ()))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Over the whole suite (pyproject's testpaths, no -k), a fast tier that passed but never imported a
+    module of the package fails: an edit there would meet no test in the loop contributors run."""
+    config = session.config
+    if hasattr(config, "workerinput"):  # an xdist worker: its modules go to the controller
+        config.workeroutput["xdbert_modules"] = sorted(_loaded())
+        return
+    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.getoption("keyword")
+    if config.getoption("markexpr") != FAST_TIER or not whole or exitstatus != pytest.ExitCode.OK:
+        return
+    from xdbert.imports import package_modules
+
+    _not_imported.extend(sorted(set(package_modules()) - (_worker_modules or _loaded())))
+    if _not_imported:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _not_imported:
+        terminalreporter.section("the fast tier imports no test of these modules", red=True)
+        terminalreporter.line("\n".join(_not_imported))
+        terminalreporter.line('give each a test outside `slow`: `pytest -m "not slow"` must reach every module')

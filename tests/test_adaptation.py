@@ -132,6 +132,7 @@ def test_training_lowers_each_loss(trained):
         assert np.isfinite(m[f"valid_{name}_loss"]) and 0 <= m[f"valid_{name}_accuracy"] <= 1
 
 
+@pytest.mark.slow
 def test_fp16_on_the_cpu_autocasts_scales_the_loss_and_learns(data, tmp_path, monkeypatch):
     """fp16 as a V100 or T4 runs it (no such GPU here, so on the CPU): the forward in half precision, the
     loss scaled by torch's GradScaler, the scale kept in the checkpoint, and training still learns."""
@@ -324,6 +325,7 @@ def test_resume_after_a_kill_gives_identical_weights(data, tmp_path, capsys):
     assert not torch.equal(fresh["encoder.embeddings.word_embeddings.weight"], b["encoder.embeddings.word_embeddings.weight"])
 
 
+@pytest.mark.slow
 def test_compiled_adaptation_ends_with_the_eager_weights(data, tmp_path, monkeypatch):
     """`adapt.compile` runs the training steps through torch.compile and saves the plain module. Dynamo's
     `eager` backend runs the captured graphs: the tracing and graph breaks are real, only the code
@@ -654,6 +656,7 @@ def noise_steps(name: str, t: torch.Tensor) -> torch.Tensor:
     return mask
 
 
+@pytest.mark.slow
 def test_two_processes_train_every_variant_as_one_does(repo, tmp_path):
     """The same global batch over 2 processes (gloo) and over 1, with dropout on: the same weights and
     metrics within float tolerance. Micro-batch j of a step is masked and dropped out from its own seeds,

@@ -48,6 +48,7 @@ def on_the_gpu_machine(tmp_path_factory) -> tuple[subprocess.CompletedProcess, P
     return done, cost, determinism
 
 
+@pytest.mark.slow
 def test_the_gpu_benchmarks_import_and_write_the_cost_table_without_ray_dvc_or_datasets(on_the_gpu_machine):
     """Every benchmark the GPU scripts run imports there. Then the finetuning cost of a family, each kind of
     run at its own MFU: encoder runs at the recorded rate, `full` runs (never timed on a GPU) at theirs.
@@ -82,6 +83,7 @@ def finetune_share(tmp_path: Path, monkeypatch, capfd, name: str, *args: str) ->
     return capfd.readouterr().err, json.loads((tmp_path / f"{name}.json").read_text())
 
 
+@pytest.mark.slow
 def test_finetune_share_reports_both_rates_and_a_profile_of_stacked_seeds(tmp_path, monkeypatch, capfd):
     """The script gpu_finetune.sh runs, at a tiny size on the CPU: 1 and 2 processes sharing the device, the
     rate over whole seeds and the (higher) rate inside the training loops, the single process's profile
@@ -102,6 +104,7 @@ def test_finetune_share_reports_both_rates_and_a_profile_of_stacked_seeds(tmp_pa
     assert err.count("warmed up in") == 3 and err.count("timed seeds done in") == 3
 
 
+@pytest.mark.slow
 def test_finetune_share_times_the_full_kind_recorded(tmp_path, monkeypatch, capfd):
     """`--kind full` (step 9 of gpu_finetune.sh): the whole cross-modal model trains and is counted as the
     cost table counts `full` runs (parameters outside embedding tables, the paper grid's BERT-b `full` tokens)."""
@@ -123,6 +126,7 @@ def test_finetune_share_refuses_to_stack_a_full_model(monkeypatch, capsys):
     assert exit_.value.code == 2 and "only an encoder's seeds are stacked" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_gpu_determinism_compares_a_recorded_seed_with_an_eager_one(on_the_gpu_machine):
     """Step 1 of gpu_finetune.sh at a tiny size on the CPU, where nothing is recorded: every comparison,
     eager against recorded included, trains the same bytes."""
@@ -200,6 +204,7 @@ def test_every_benchmark_that_writes_a_result_records_the_commit():
     assert missing == [], f"benchmarks whose results do not record the commit: {missing}"
 
 
+@pytest.mark.slow
 def test_probes_stage_times_each_row_through_the_stage_and_extrapolates(tmp_path):
     """bench/probes_stage.py at tiny sizes on 0.6 of one relation's subjects: a baseline (its saved MLM head) and the
     reference (the hub mirror's MLM), each timed in parts; the peak memory of the stage and of joblib's workers; the

@@ -3,10 +3,13 @@ find the same cache. Apart from tests/test_pipeline.py, which holds the suite's 
 worker, because this one needs no reproduced project."""
 import time
 
+import pytest
 import yaml
 from dvc_cli import sh
 
 from xdbert import paths
+
+pytestmark = pytest.mark.slow  # `dvc exp run` on a project of its own
 
 
 def test_every_experiment_of_a_repository_finds_one_run_cache(tmp_path):

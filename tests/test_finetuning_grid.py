@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.mark.slow
 def test_the_grid_gives_the_same_bytes_with_one_or_two_ray_workers(bert_dir, local_ray):
     """Each run's result is a function of the run alone: not of how many workers the grid had, nor of
     whether a Ray worker or this process trained it."""
@@ -42,6 +43,7 @@ def test_the_grid_gives_the_same_bytes_with_one_or_two_ray_workers(bert_dir, loc
                 (other["metrics"], other["first_epoch_loss"], other["last_epoch_loss"])
 
 
+@pytest.mark.slow
 def test_the_grid_logs_no_ray_error(bert_dir, local_ray, capfd):
     """Tokenized jobs are above the size Ray passes inline. Given to the workers' constructors, they made
     Ray log an error in every grid (it cannot restart an actor from such arguments, ray-project/ray#53727);
@@ -143,6 +145,7 @@ def test_a_runs_cost_leaves_out_its_token_embedding_tables(tmp_path):
     assert sizes.model_parameters(tmp_path / "full") >= (100 + 50 + 8) * 4 + 12
 
 
+@pytest.mark.slow
 def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir, local_ray):
     # Runs of several jobs share one pool and finish in any order; each job must get its own seeds back.
     sst2 = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(get_task("sst2"), epochs=1))
@@ -159,6 +162,7 @@ def test_grid_pool_returns_each_jobs_results_in_seed_order(bert_dir, local_ray):
         grid.run_grid([(sst2, [0]), (stsb, [])], workers=2)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_replaced_and_its_run_retried(bert_dir, local_ray):
     """A worker process killed mid-run (an OOM killer, a lost node): Ray starts another, the run is
     trained again, and the grid ends with the results it would have had."""
@@ -197,6 +201,7 @@ def test_a_killed_worker_is_replaced_and_its_run_retried(bert_dir, local_ray):
         assert a["predictions"]["dev"].tobytes() == b["predictions"]["dev"].tobytes() and a["metrics"] == b["metrics"]
 
 
+@pytest.mark.slow
 def test_a_two_node_cluster_puts_each_worker_on_its_own_gpu(bert_dir, monkeypatch):
     """Two Ray nodes with one (pretend) GPU each, as `ray start` on two GPU machines would make: one run
     per GPU gives two workers, each on its own node and GPU, and the grid's results are the usual ones.
@@ -344,6 +349,7 @@ def without_ray(monkeypatch, trained: list) -> None:
     monkeypatch.setattr(engine, "results", results)
 
 
+@pytest.mark.slow
 def test_the_grid_prints_its_plan_first_then_progress_by_cost(bert_dir, tmp_path, monkeypatch, capsys):
     """The plan comes first (runs, reused, to train, workers, an estimate from the reused runs' times);
     each job's `finished` comes as soon as its last seed is done, a reused job's before any training;

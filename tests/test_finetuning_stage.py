@@ -92,6 +92,7 @@ def outputs(workdir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(workdir)): p.read_bytes() for p in (workdir / "results" / "finetune").rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, capsys):
     """Every task's runs in one grid of 2 Ray workers, its plan first and each task's medians as its last run
     ends; then the same stage with 1 worker and an empty run cache writes the same bytes, and again with

@@ -84,6 +84,7 @@ def test_nan_loss_stops_with_pipeline_error(bert_dir, monkeypatch):
         train_seed(job, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, task", [("encoder", "sst2"), ("full", "swag"), ("clip", "stsb")])
 def test_compiled_training_matches_eager(bert_dir, crossmodal_dirs, monkeypatch, kind, task):
     """`finetune.compile` traces the model once for every batch length and trains to the same result.

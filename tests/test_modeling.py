@@ -388,6 +388,7 @@ def test_located_batch_gives_the_same_bits_as_the_model_finding_it(changes):
     assert all(torch.equal(gradients[0][n], gradients[1][n]) for n in gradients[0])
 
 
+@pytest.mark.slow
 def test_adaptation_forward_and_backward_compile_as_one_graph():
     """Given where its CLIP tokens and targets are, the training forward reads nothing of its data on the
     host: torch.compile traces it whole (fullgraph raises at any break), across batch shapes, and the

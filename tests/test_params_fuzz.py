@@ -648,6 +648,7 @@ def test_random_valid_values_pass(workdir, key, data):
     assert code == 0 and err == "" and "valid" in out, (code, err)
 
 
+@pytest.mark.slow
 def test_the_command_exits_2_with_one_line_and_writes_nothing(workdir):
     """The real console command, in a process of its own: exit codes and streams as a shell sees them."""
     def xdbert_check(text: str) -> subprocess.CompletedProcess:

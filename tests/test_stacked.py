@@ -100,6 +100,7 @@ def test_stacked_batches_pad_lengths_with_pad_ids_and_rows_with_copies(bert_dir)
     assert filled["input_ids"].shape == (2, 16, -(-length // 8) * 8)
 
 
+@pytest.mark.slow
 def test_the_grid_trains_seeds_in_stacks_and_keys_each_run_by_its_stack(bert_dir, local_ray, tmp_path):
     spec = get_task("sst2")
     job = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 32), settings(spec, epochs=1, stack=2))
@@ -132,6 +133,7 @@ def test_only_encoders_stack_and_stack_must_be_positive(bert_dir):
         FinetuneSettings.from_params(p, spec)
 
 
+@pytest.mark.slow
 def test_a_compiled_stack_matches_the_eager_one(no_dropout_dir):
     """Lengths in buckets of 32 and full batches: one compiled training graph for these short examples."""
     spec = get_task("sst2")
