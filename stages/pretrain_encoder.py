@@ -62,10 +62,7 @@ def main() -> None:
     mlm = build_masked_lm(model.encoder, model.encoder_config, vocab_size=len(tokenizer))
     metrics = pretraining.pretrain(mlm, tokenizer, sentences, settings, checkpoint)
 
-    with io.atomic_path(out, is_dir=True) as tmp:
-        tmp.mkdir(parents=True, exist_ok=True)
-        mlm.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    pretraining.save_masked_lm(mlm, tokenizer, out)
     runlog.write_metrics(metrics_file, {"profile": profile, "family": family, "encoder": model.encoder,
                                         "sentences": len(sentences), **metrics}, f"pretrain_encoder@{family}")
     checkpoint.unlink(missing_ok=True)  # the output is complete; the checkpoint has done its job

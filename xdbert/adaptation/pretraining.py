@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from xdbert import io, training
 from xdbert.adaptation import masking
 from xdbert.adaptation.pretrain_settings import PretrainSettings
+from xdbert.data.tokenization.saving import save_tokenizer
 from xdbert.clip import clip_block_mask
 from xdbert.data.tokenization.windows import CLIP_CONTEXT
 from xdbert.errors import PipelineError
@@ -121,6 +122,15 @@ def pretrain(model: torch.nn.Module, tokenizer, sentences: list[str], s: Pretrai
         return target_logits(model, batch)
 
     return _train(model, s, "mlm", step_loss, len(sentences), checkpoint, stop_after)
+
+
+def save_masked_lm(mlm: torch.nn.Module, tokenizer, directory: str | Path) -> None:
+    """The trained stand-in and its tokenizer as one `save_pretrained` folder, written atomically: the
+    `pretrain_encoder@<family>` stage's output."""
+    with io.atomic_path(directory, is_dir=True) as tmp:
+        tmp.mkdir(parents=True, exist_ok=True)
+        mlm.save_pretrained(tmp)
+        save_tokenizer(tokenizer, tmp)
 
 
 def shard_blocks(split) -> torch.Tensor:

@@ -9,6 +9,7 @@ One text, two tokenizers, aligned by character spans. One concern per module:
     windows.py    the row layout: BERT windows, CLIP blocks and the alignment between them
     dual.py       `DualTokenizer`: documents to aligned windows in one process
     pool.py       `DualPool`: the same over a process pool, in document order
+    saving.py     `save_tokenizer`: a tokenizer folder without how the tokenizer was loaded
     build.py      the `dual_tokenize` stage's work: settings, tokenizer, shards, validation, manifest
 
 Speed (bench/tokenize_speed.py): documents go in chunks to a process pool of `tokenize.workers`, each

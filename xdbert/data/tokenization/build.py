@@ -19,6 +19,7 @@ from xdbert.data.shards import ShardWriter, build_manifest, open_shards
 from xdbert.data.tokenization.cleaning import clean_text
 from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
 from xdbert.data.tokenization.pool import DualPool, clean_docs
+from xdbert.data.tokenization.saving import save_tokenizer
 from xdbert.data.tokenization.vocab import (check_positions, clip_vocab_hash, encoder_positions,
                                             load_encoder_tokenizer, train_wordpiece, vocab_hash)
 from xdbert.data.tokenization.windows import (CLIP_CONTENT, CLIP_CONTEXT, Layout, Windows, alignment_problem,
@@ -181,7 +182,7 @@ def build(*, corpus_dir: str | Path, shard_dir: str | Path, tokenizer_dir: str |
             bert = train_wordpiece(cleaned["train"], settings.vocab_size, positions or settings.max_len)
         else:
             bert = encoder_tokenizer if encoder_tokenizer is not None else load_encoder_tokenizer(encoder)
-        bert.save_pretrained(str(tok_tmp))
+        save_tokenizer(bert, tok_tmp)
         bert = AutoTokenizer.from_pretrained(str(tok_tmp))  # exactly what the later stages will load
         ids = {k: getattr(bert, f"{k}_token_id", None) for k in ("cls", "sep", "pad")}
         if None in ids.values():
