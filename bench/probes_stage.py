@@ -135,6 +135,7 @@ def write_project(project: Path, rows: list, relations: list[str], sizes: str, p
         save_clip_tower(CLIPTextTower.build(model.clip, "", quick_gelu), project / PRETRAIN_CLIP, model.clip, model.clip_pretrained)
     for relation in relations:
         mirror_probes.write_vicomte(project / s.vicomte_dir, relation, model.seed, sizes)
+    mirror_probes.write_vicomte_coda(project / s.vicomte_dir)
     keys = {CODA_KEY} | ({REFERENCE_KEY} if any(r.kind == "hub" for r in rows) else set())
     entries = mirror.build_mirror(p, project / rehearse.CACHE / "hub", sizes, say, keys=keys)
     io.write_json(project / "hub.lock.json", {"profile": p["profile"], "assets": entries})
@@ -201,14 +202,14 @@ def measure(args) -> None:
     from xdbert.analysis.probe_rows import load_row, study_rows
     from xdbert.data.coda import load_coda
     from xdbert.data.probes import ProbesSettings
-    from xdbert.data.vicomte import load_relation
+    from xdbert.data.vicomte import load_coda_templates, load_relation
 
     p = paper_params()
     s = ProbesSettings.from_params(p)
     rows = chosen_rows(args, study_rows(p, s.reference), p)
     start = time.perf_counter()
     relations = {r: load_relation(s.vicomte_dir, r) for r in args.relations}
-    coda = load_coda(s.coda_hub_id)
+    coda, coda_templates = load_coda(s.coda_hub_id), load_coda_templates(s.vicomte_dir)
     data_seconds = time.perf_counter() - start
     times, current, workers = {}, {}, [0.0]
 
@@ -235,7 +236,8 @@ def measure(args) -> None:
         print(f"{line} ({t['wall']:.1f} s)", flush=True)
 
     study.cloze_scores = timed("cloze", study.cloze_scores)  # the study's own, timed: row_outputs calls it by name
-    results = study.probe(rows, load, relations, coda, cv_folds=s.cv_folds, n_boot=s.n_boot, jobs=args.jobs, say=say)
+    results = study.probe(rows, load, relations, coda, coda_templates, cv_folds=s.cv_folds, n_boot=s.n_boot,
+                          jobs=args.jobs, say=say)
     total = time.perf_counter() - start
     Path(MEASURED).write_text(json.dumps({
         "rows": [{"name": r.name, "kind": kind_of(r, p), **times[r.name]} for r in rows],

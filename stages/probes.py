@@ -44,15 +44,15 @@ def main() -> None:
         return
     from xdbert.analysis.probes import probe
     from xdbert.data.coda import load_coda
-    from xdbert.data.vicomte import load_relation
+    from xdbert.data.vicomte import load_coda_templates, load_relation
     from xdbert.reports.probes import render
 
     check_vicomte_files(s)  # the hand-provided files first: a bad line fails before any model loads
     check_inputs(rows)
     relations = {r: load_relation(s.vicomte_dir, r) for r in s.relations}
-    coda = load_coda(s.coda_hub_id)
+    coda, coda_templates = load_coda(s.coda_hub_id), load_coda_templates(s.vicomte_dir)
     jobs = len(os.sched_getaffinity(0))
-    results = probe(rows, load_row, relations, coda, cv_folds=s.cv_folds, n_boot=s.n_boot, jobs=jobs,
+    results = probe(rows, load_row, relations, coda, coda_templates, cv_folds=s.cv_folds, n_boot=s.n_boot, jobs=jobs,
                     say=lambda line: print(line, flush=True))
     results["profile"] = profile
     io.write_json(PROBES_METRICS, results)

@@ -52,7 +52,9 @@ def test_the_mirrors_files_load_through_the_pinned_snapshot(cache, tmp_path):  #
     assert list(splits) == list(LAYOUT["data_files"])
     for split, rows in splits.items():
         objects = {r.class_id for r in rows}
-        assert len(objects) == mirror_probes.CODA_OBJECTS[split] and len(rows) == len(objects) * 4
+        # 4 templates an object, 2 for every third object, which has no singular form
+        no_singular = len(objects) // mirror_probes.CODA_NO_SINGULAR
+        assert len(objects) == mirror_probes.CODA_OBJECTS[split] and len(rows) == len(objects) * 4 - no_singular * 2
         assert all(len(r.label) == len(coda.COLORS) and abs(sum(r.label) - 1) < 1e-4 for r in rows)
         assert {r.template_group for r in rows} == set(coda.TEMPLATE_GROUPS)
         assert all(("[MASK]" in r.text) == (r.template_group == "text-masked") for r in rows)
@@ -114,3 +116,12 @@ def test_the_paper_sized_mirror_has_codas_objects_per_split(tmp_path):
     assert [r.template_idx for r in first] == list(range(20))
     assert {g: sum(r.template_group == g for r in first) for g in coda.TEMPLATE_GROUPS} == LAYOUT["templates"] == {
         "clip-imagenet": 10, "text-masked": 10}
+    # objects without a singular form, as in CoDa's files: 13 rows, the templates that need no singular, their
+    # template_idx kept, the ngram the plural
+    rows = {}
+    for r in splits["test"]:
+        rows.setdefault(r.class_id, []).append(r)
+    assert {len(r) for r in rows.values()} == {20, 13}
+    plural = next(r for r in rows.values() if len(r) == 13)
+    assert {r.template_idx for r in plural} < set(range(20)) and all(r.ngram.endswith("s") for r in plural)
+    assert sum(len(r) == 13 for r in rows.values()) == len(rows) // mirror_probes.CODA_NO_SINGULAR

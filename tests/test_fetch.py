@@ -64,6 +64,7 @@ def hand_files(root: Path) -> None:
         (root / path).write_text(text)
     for relation in vicomte.RELATIONS:
         mirror_probes.write_vicomte(root / VICOMTE, relation, 0, "tiny")
+    mirror_probes.write_vicomte_coda(root / VICOMTE)
 
 
 def test_the_paper_profile_names_its_hub_assets_and_the_embedded_one_none():
@@ -71,7 +72,8 @@ def test_the_paper_profile_names_its_hub_assets_and_the_embedded_one_none():
     assert fetch.hub_assets(values("embedded")) == []
     assert provided.files(values("paper")) == [("tasks.read_path", Path(CSV)), ("grounding.captions", Path(COCO))]
     assert fetch.provided_files(values("paper")) == provided.files(values("paper")) + [
-        ("probes.vicomte_dir", path) for relation in ("color", "shape", "material") for path in vicomte.files(VICOMTE, relation)]
+        ("probes.vicomte_dir", path) for relation in ("color", "shape", "material") for path in vicomte.files(VICOMTE, relation)
+    ] + [("probes.vicomte_dir", Path(VICOMTE, "soft-prompts/prompts/vl/coda.jsonl"))]
     assert fetch.provided_files(values("embedded")) == []
 
 

@@ -119,16 +119,18 @@ def test_every_asset_of_the_mirror_passes_in_one_table(out):
     result = check(out)
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    # hand-provided (ViComTe a row per relation), corpus, GLUE tasks, SWAG, encoders and CLIP, CoDa, the reference encoder
-    assert len(rows) == 2 + 3 + 1 + 8 + 1 + 4 + 1 + 1
+    # hand-provided (ViComTe a row per relation and one for its CoDa templates), corpus, GLUE tasks, SWAG, encoders and
+    # CLIP, CoDa, the reference encoder
+    assert len(rows) == 2 + 3 + 1 + 1 + 8 + 1 + 4 + 1 + 1
     assert all("| PASS |" in row for row in rows)
     assert "| bert-base-uncased (`model.encoder`) | PASS | bert," in result.output and "MLM head found" in result.output
     assert "no MLM head (electra: absent by design)" in result.output
     assert "= `bert-base-uncased`'s id for id" in result.output
     assert "labels entailment/neutral/contradiction" in result.output
-    assert ("| inputs/vicomte color (`probes.vicomte_dir`) | PASS | 12 classes (2 synonyms), 3 templates, counts of 24 "
+    assert ("| inputs/vicomte color (`probes.vicomte_dir`) | PASS | 12 classes (3 synonyms), 3 templates, counts of 24 "
             "subjects; all train 16, test 8; single train 8, test 4 |") in result.output
-    assert "| corypaik/coda (`probes.coda_hub_id`) | PASS | rows (objects): train 24 (6), validation 12 (3), test 12 (3) |" \
+    assert "| inputs/vicomte coda (`probes.vicomte_dir`) | PASS | 9 templates for CoDa |" in result.output
+    assert "| corypaik/coda (`probes.coda_hub_id`) | PASS | rows (objects): train 20 (6), validation 10 (3), test 10 (3) |" \
         in result.output
     assert "| bert-base-cased (`probes.reference`) | PASS | bert," in result.output
 

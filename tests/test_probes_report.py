@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from xdbert.analysis import probes as S
+from xdbert.analysis import probe_stats as PS
 from xdbert.analysis import vicomte_probe as V
 from xdbert.reports import probes as P
 
@@ -45,12 +46,14 @@ def grouping(rng, relation, group):
     for a, b in S.comparisons(MODELS):
         for choice in V.CHOICES:
             for metric in V.METRICS:
-                iv = V.paired_bootstrap(probes[a].per_subject(choice, metric), probes[b].per_subject(choice, metric), **BOOT)
+                iv = PS.paired_bootstrap(probes[a].per_subject(choice, metric), probes[b].per_subject(choice, metric), **BOOT)
                 differences.append(S.difference_entry(a, b, f"linear.{choice}.{metric}", iv))
         if a in cloze and b in cloze:
             raise AssertionError("no XD row has a cloze")
     return {"n_test": n,
-            "majority": {"class": "white", "accuracy": 0.375, "prior_spearman": 0.31, "prior_spearman_all": 0.29},
+            # each line on its column's subjects: the linear probe's leave out the two of the unseen class
+            "majority": {"linear": {"class": "white", "accuracy": 0.38, "n": n - len(unseen), "prior_spearman": 0.31},
+                         "zero_shot": {"class": "white", "accuracy": 0.375, "n": n, "prior_spearman": 0.29}},
             "linear": {name: S.linear_entry(p) for name, p in probes.items()},
             "zero_shot": {name: S.scores_entry(s) for name, s in cloze.items()},
             "differences": differences}
@@ -58,13 +61,15 @@ def grouping(rng, relation, group):
 
 def coda(rng):
     n = 107
-    rows = {m["name"]: (np.clip(0.4 + 0.2 * rng.standard_normal(n), -1, 1), np.clip(0.3 + 0.2 * rng.standard_normal(n), -1, 1))
+    # per row (rho, tau) under CoDa's templates, then (rho, tau) under ViComTe's
+    rows = {m["name"]: [np.clip(mean + 0.2 * rng.standard_normal(n), -1, 1) for mean in (0.4, 0.3, 0.45, 0.35)]
             for m in MODELS}
-    differences = [S.difference_entry(a, b, f"coda.{metric}",
-                                      V.paired_bootstrap(rows[a][i], rows[b][i], **BOOT))
-                   for a, b in S.comparisons(MODELS) for i, metric in enumerate(("spearman", "kendall"))]
+    differences = [S.difference_entry(a, b, column, PS.paired_bootstrap(rows[a][i], rows[b][i], **BOOT))
+                   for a, b in S.comparisons(MODELS)
+                   for i, column in ((0, "coda.spearman"), (1, "coda.kendall"), (2, "coda.vicomte.spearman"))]
     return {"n_objects": n, "majority": {"spearman": 0.35, "kendall": 0.25},
-            "rows": {name: S.coda_entry(*r) for name, r in rows.items()}, "differences": differences}
+            "rows": {name: {**S.coda_entry(*r[:2]), "vicomte": S.coda_entry(*r[2:])} for name, r in rows.items()},
+            "differences": differences}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +115,9 @@ def test_every_model_row_and_column_with_n_and_the_majority_line(results):
                         "linear ρ, chosen on train", "cloze top-1", "cloze ρ"]
         n = int(re.search(r"\((\d+) test", title).group(1))
         assert body[0] == ["*n*", "", str(n - 2), str(n - 2), str(n - 2), str(n - 2), str(n), str(n)]
-        assert body[1] == ["*majority class (white); ρ: class prior*", "", "37.5", "37.5", "31.0", "31.0", "37.5", "29.0"]
+        # the linear columns' line on their n - 2 subjects, the cloze's on all n
+        assert body[1] == ["*majority class (white); ρ: class prior; each on its column's subjects*", "",
+                           "38.0", "38.0", "31.0", "31.0", "37.5", "29.0"]
         rows = {cells[0]: cells for cells in body if not cells[0].startswith("*")}
         assert list(rows) == [m["name"] for m in MODELS]
         for name, cells in rows.items():
@@ -118,8 +125,9 @@ def test_every_model_row_and_column_with_n_and_the_majority_line(results):
             cloze = cells[6:]
             assert all(re.fullmatch(r"-?\d+\.\d", c) for c in cloze) if name in CLOZE_ROWS else cloze == ["-", "-"]
     title, head, body = next(t for t in found if t[0].startswith("## CoDa"))
-    assert head == ["model", "role", "Spearman ρ", "Kendall τ"] and body[0] == ["*n*", "", "107", "107"]
-    assert body[1][2:] == ["35.0", "25.0"] and [c[0] for c in body if not c[0].startswith("*")] == [m["name"] for m in MODELS]
+    assert head == ["model", "role", "Spearman ρ", "Kendall τ", "Spearman ρ, ViComTe's templates"]
+    assert body[0] == ["*n*", "", "107", "107", "107"]
+    assert body[1][2:] == ["35.0", "25.0", "35.0"] and [c[0] for c in body if not c[0].startswith("*")] == [m["name"] for m in MODELS]
 
 
 def test_the_report_reads_the_same_after_a_json_round_trip(results):
@@ -187,7 +195,12 @@ def test_the_published_anchors_sit_under_their_rows_with_their_provenance(result
     assert "*47.5*" in color_all and "*55.8*" in color_all and "*53.7*" in color_all
     assert "*55.8*" not in color_single and "*53.7*" not in color_single  # the rows we lack: all groups only
     assert "*54.8*" not in color_all  # the single-group figure only beside the single-group table
-    assert "*46.2*" in md.split("## CoDa")[1]
+    # ViComTe's CoDa figure beside the column computed with its protocol (its templates, the singular subject)
+    coda_lines = [l for l in md.split("## CoDa")[1].splitlines() if l.startswith("|")]
+    at = [i for i, l in enumerate(coda_lines) if l.startswith("| bert-base-cased |")][0]
+    assert "its 9 templates" in coda_lines[at + 1]
+    assert [c.strip() for c in coda_lines[at + 1].strip("|").split("|")][2:] == ["", "", "*46.2*"]
+    assert "ViComTe's 9 CoDa templates with the object's singular as the subject" in md
 
 
 def with_reference(results, off=0.0):
@@ -197,7 +210,7 @@ def with_reference(results, off=0.0):
         if role != "reference":
             continue
         if relation == "coda":
-            r["coda"]["rows"]["bert-base-cased"].update(spearman=value / 100 + off, spearman_se=0.02)
+            r["coda"]["rows"]["bert-base-cased"]["vicomte"].update(spearman=value / 100 + off, spearman_se=0.02)
         elif column.startswith("linear"):
             r["vicomte"][relation]["groupings"][grouping]["linear"]["bert-base-cased"]["oracle"]["accuracy"] = value / 100 + off
         else:
@@ -210,7 +223,7 @@ def test_the_reproduction_line_reads_the_binomial_noise(results):
     checks = {what: rest for what, *rest in P.anchor_checks(near, "reference")}
     published, ours, se = checks["color, single group, linear.oracle.accuracy"]
     assert (published, ours, se) == (54.8, pytest.approx(55.8), pytest.approx(100 * np.sqrt(0.548 * 0.452 / 250)))
-    assert checks["coda, coda.spearman"] == [46.2, pytest.approx(47.2), pytest.approx(2.0)]  # the rows' spearman_se
+    assert checks["coda, coda.vicomte.spearman"] == [46.2, pytest.approx(47.2), pytest.approx(2.0)]  # the rows' spearman_se
     line = next(l for l in P.render(near).splitlines() if l.startswith("- Reference row"))
     assert "reproduces all 5 published figures within 2 standard errors" in line
     assert "color, single group, linear.oracle.accuracy: ours 55.8, published 54.8 (SE 3.1)" in line  # sqrt(.548 .452 / 250)
@@ -246,6 +259,11 @@ def test_refused_results(results):
     bad = copy.deepcopy(results)
     bad["vicomte"]["color"]["groupings"]["all"]["linear"]["CLIP-T"]["n"] = 570
     with pytest.raises(ValueError, match="different n"):
+        P.render(bad)
+    bad = copy.deepcopy(results)  # a majority line on all test subjects beside a column that scores fewer
+    bad["vicomte"]["shape"]["groupings"]["all"]["majority"]["linear"]["n"] = 140
+    with pytest.raises(ValueError, match=r"shape.all, linear.oracle.accuracy: the majority line is on 140 subjects and "
+                                         r"the column on 138; a line must be on the subjects its column scores"):
         P.render(bad)
     bad = copy.deepcopy(results)
     bad["vicomte"]["color"]["groupings"]["all"]["zero_shot"]["GPT"] = bad["vicomte"]["color"]["groupings"]["all"]["zero_shot"]["BERT-b"]

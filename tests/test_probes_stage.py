@@ -15,7 +15,7 @@ from xdbert.analysis import probes as study
 from xdbert.analysis.probe_rows import CAPTION_CONTROL as CAPTION, EncoderHead, Loaded, Row, hub_mlm, study_rows
 from xdbert.analysis.vicomte_probe import clip_text_features, mean_token_features
 from xdbert.data.coda import read_coda
-from xdbert.data.vicomte import RELATIONS, load_relation
+from xdbert.data.vicomte import RELATIONS, load_coda_templates, load_relation
 from xdbert.errors import PipelineError
 from xdbert.reports import probes as R
 
@@ -62,8 +62,10 @@ def inputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("probes")
     for relation in RELATIONS:
         mirror_probes.write_vicomte(folder / "vicomte", relation, seed=0, sizes="tiny")
+    mirror_probes.write_vicomte_coda(folder / "vicomte")
     mirror_probes.write_coda(folder / "coda", mirror.dataset_layout("corypaik/coda"), seed=0, sizes="tiny")
-    return {r: load_relation(folder / "vicomte", r) for r in RELATIONS}, read_coda(folder / "coda", str(folder / "cache"))
+    return ({r: load_relation(folder / "vicomte", r) for r in RELATIONS}, read_coda(folder / "coda", str(folder / "cache")),
+            load_coda_templates(folder / "vicomte"))
 
 
 @pytest.fixture(scope="module")
@@ -112,19 +114,19 @@ CLOZE = {f"f/{CAPTION}", "bert-base-cased"}
 
 def test_a_train_split_shorter_than_the_folds_stops_before_any_row_loads(inputs):
     """The tiny mirror's single-group train splits hold 8 examples: 9 folds cannot split them."""
-    relations, coda = inputs
+    relations, coda, coda_templates = inputs
 
     def load(row):
         raise AssertionError(f"{row.name} was loaded")
 
     with pytest.raises(PipelineError, match=r"ViComTe's color single/train has 8 examples, fewer than the 9 folds of "
                                             r"`probes.cv_folds`.* between 2 and 8"):
-        study.probe(ROWS, load, relations, coda, cv_folds=9, n_boot=20, jobs=1)
+        study.probe(ROWS, load, relations, coda, coda_templates, cv_folds=9, n_boot=20, jobs=1)
 
 
 def test_every_row_and_column_lands_in_the_results_and_the_report(inputs, tokenizer):
-    relations, coda = inputs
-    results = study.probe(ROWS, tiny_loader(tokenizer), relations, coda, cv_folds=2, n_boot=20, jobs=2)
+    relations, coda, coda_templates = inputs
+    results = study.probe(ROWS, tiny_loader(tokenizer), relations, coda, coda_templates, cv_folds=2, n_boot=20, jobs=2)
     results["profile"] = "paper"
     names = [r.name for r in ROWS]
     assert [m["name"] for m in results["models"]] == names
@@ -141,7 +143,19 @@ def test_every_row_and_column_lands_in_the_results_and_the_report(inputs, tokeni
                 assert all(0 <= entry[c]["accuracy"] <= 1 for c in ("oracle", "chosen"))
             linear = {(d["a"], d["b"], d["column"]) for d in g["differences"]}
             assert linear == {(a, b, c) for a, b in wanted for c in study.VICOMTE_COLUMNS if c.startswith("linear")}
+    # the shape files' class of one test subject that train lacks: out of the linear columns and their line, in the
+    # cloze's; the line is the majority share on those subjects (the code before issue 70 counted it in both)
+    for grouping in ("all", "single"):
+        g, rel = results["vicomte"]["shape"]["groupings"][grouping], relations["shape"]
+        seen = {e.obj for e in rel.splits[grouping]["train"]}
+        kept = [e.obj for e in rel.splits[grouping]["test"] if e.obj in seen]
+        assert len(kept) == g["n_test"] - 1 and "polygon" not in seen
+        line = g["majority"]["linear"]
+        assert line["n"] == len(kept) == g["linear"]["clip_t"]["n"] and g["majority"]["zero_shot"]["n"] == g["n_test"]
+        assert line["accuracy"] == max(kept.count(c) for c in kept) / len(kept) == kept.count(line["class"]) / len(kept)
     assert set(results["coda"]["rows"]) == CLOZE and results["coda"]["n_objects"] == mirror_probes.CODA_OBJECTS["test"]
+    # CoDa under ViComTe's protocol beside the hub's templates, on the same objects
+    assert all(e["vicomte"]["n"] == e["n"] == 3 for e in results["coda"]["rows"].values())
     assert set(results["merged_classes"]) == CLOZE
     assert results["cv_folds"] == 2 and results["bootstrap"]["n_boot"] == 20
     text = R.render(results)
@@ -151,6 +165,7 @@ def test_every_row_and_column_lands_in_the_results_and_the_report(inputs, tokeni
             assert all(f"| {name} |" in table for name in names), (relation, grouping)
             assert "f/xdbert − f/baseline" in table and f"f/mlm − f/{CAPTION}" in table
     assert "2-fold cross-validation" in text and "from 20 bootstrap resamples" in text
+    assert "Spearman ρ, ViComTe's templates" in text.split("## CoDa")[1]
 
 
 def test_off_the_stage_writes_a_report_saying_so_and_reads_nothing(tmp_path, monkeypatch):

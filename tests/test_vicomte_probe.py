@@ -9,6 +9,7 @@ import pytest
 import scipy.stats
 import torch
 
+from xdbert.analysis import probe_stats as S
 from xdbert.analysis import vicomte_probe as V
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -174,12 +175,67 @@ def test_linear_probe_oracle_reads_test_and_the_chosen_template_reads_train():
 
 
 def test_majority_class_and_the_class_prior():
-    assert V.majority_class(np.array([2, 0, 2, 1, 2])) == (2, 0.6)
-    assert V.majority_class(np.array([1, 0])) == (0, 0.5)  # the lowest index on ties
+    assert S.majority_class(np.array([2, 0, 2, 1, 2])) == (2, 0.6)
+    assert S.majority_class(np.array([1, 0])) == (0, 0.5)  # the lowest index on ties
     # train counts (class 0: 3, class 1: 1); class 2 unseen; subject 0's counts rank like the prior, 1's reverse it
-    prior = V.prior_spearman(np.array([0, 0, 0, 1]), np.array([0, 1, 2]), np.array([[9, 1, 5], [1, 9, 0], [1, 1, 1]]))
+    prior = S.prior_spearman(np.array([0, 0, 0, 1]), np.array([0, 1, 2]), np.array([[9, 1, 5], [1, 9, 0], [1, 1, 1]]))
     np.testing.assert_array_equal(prior[:2], [1.0, -1.0])
     assert np.isnan(prior[2])
+
+
+def test_the_majority_line_is_on_the_subjects_each_kind_of_column_scores():
+    """The real shape files' case: a test class train lacks (polygon, one subject) and a class no subject has
+    (semicircle). The linear probe leaves the polygon subject out, so its line does too; the cloze scores every
+    subject, so its line counts it. A line on all test subjects beside a linear column (the code before issue 70:
+    3 of 5, 60%) is on subjects the column never scores (3 of 4, 75%)."""
+    round_, polygon, semicircle, oval = 0, 1, 2, 3
+    train_y = np.array([round_, round_, oval])
+    test_y = np.array([round_, round_, round_, oval, polygon])
+    dist = np.array([[9, 0, 0, 1], [9, 1, 0, 2], [5, 0, 0, 4], [1, 0, 0, 8], [0, 7, 0, 1]])
+    assert S.scored_items("linear", train_y, test_y).tolist() == [True, True, True, True, False]
+    assert S.scored_items("zero_shot", train_y, test_y).all()
+    linear = S.majority_line("linear", train_y, test_y, dist)
+    assert linear == {"class": round_, "accuracy": 0.75, "n": 4, "prior_spearman": pytest.approx(0.5)}
+    assert linear["prior_spearman"] == S.prior_spearman(train_y, test_y, dist)[:4].mean()  # rho 1, 1, 1, -1
+    cloze = S.majority_line("zero_shot", train_y, test_y, dist)
+    assert cloze["class"] == round_ and cloze["accuracy"] == 0.6 and cloze["n"] == 5
+    # the cloze's prior ranks every class, those train lacks at zero (polygon, semicircle)
+    prior = np.array([2.0, 0.0, 0.0, 1.0])
+    expected = np.mean([scipy.stats.spearmanr(d, prior).statistic for d in dist])
+    assert cloze["prior_spearman"] == pytest.approx(expected)
+    # the line's n is the linear probe's n on the same subjects
+    x = np.array([[0.0], [0.1], [5.0]])
+    assert V.fit_and_score(x, train_y, np.zeros((5, 1)), test_y, dist).n == linear["n"]
+    with pytest.raises(ValueError, match="unknown kind"):
+        S.scored_items("cloze", train_y, test_y)
+
+
+def test_the_label_is_the_files_obj_where_the_counts_tie_it_with_another_class():
+    """ViComTe's `obj` ties another class at the top of the counts in some subjects (80 of colour's): the probe
+    scores against `obj`, never the counts' argmax (which is the other class here), so predicting the tied class
+    is wrong; Spearman ranks the tie as average ranks."""
+    train_x, train_y = blobs([-5.0, 5.0], 20, 0.5, seed=6)
+    test_x = np.array([[-5.0], [5.0]])
+    test_y = np.array([1, 1])          # both labelled 1 by the file
+    dist = np.array([[7, 7], [7, 7]])  # tied at the top: argmax would say 0
+    s = V.fit_and_score(train_x, train_y, test_x, test_y, dist)
+    np.testing.assert_array_equal(s.correct, [0.0, 1.0])  # the subject predicted 0 (the tied class) is wrong
+    assert np.isnan(s.spearman).all()  # tied counts are a constant row: no rank correlation
+
+
+def test_a_fold_whose_train_holds_one_class_leaves_its_subjects_out():
+    """A heavily skewed split (shape: about three in four round): a fold can leave one class in the others' train.
+    No classifier fits one class; that fold's subjects are left out as unseen ones are, the rest still scored (the
+    code before issue 70 raised ValueError here)."""
+    from sklearn.model_selection import KFold
+
+    x, _ = blobs([-5.0, 5.0], 4, 0.5, seed=7)
+    y = np.array([0, 0, 0, 0, 0, 0, 1, 1])
+    dist = np.eye(2)[y] * 10 + 1
+    cv = V.cross_validate(x, y, dist, n_folds=4, seed=6)
+    minority = [held for _, held in KFold(n_splits=4, shuffle=True, random_state=6).split(x) if set(y[held]) == {1}]
+    assert minority, "the seed must put both minority subjects in one fold"
+    assert np.isnan(cv.correct[minority[0]]).all() and cv.n == 6
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -281,10 +337,10 @@ def test_coda_takes_each_objects_best_template_per_metric():
     human = np.array([[0.6, 0.3, 0.1, 0.0], [0.25, 0.25, 0.25, 0.25]])
     scores = [np.array([[4.0, 3.0, 2.0, 1.0], [1.0, 2.0, 3.0, 4.0], [3.0, 4.0, 1.0, 2.0]]),  # object 0: 3 templates
               np.array([[1.0, 2.0, 3.0, 4.0]])]                                           # object 1: constant human
-    rho, tau = V.coda_correlations(scores, human)
+    rho, tau = S.coda_correlations(scores, human)
     assert rho[0] == pytest.approx(1.0) and tau[0] == pytest.approx(1.0)
     assert np.isnan(rho[1]) and np.isnan(tau[1])
-    rho2, _ = V.coda_correlations([scores[0][1:]], human[:1])
+    rho2, _ = S.coda_correlations([scores[0][1:]], human[:1])
     assert rho2[0] == pytest.approx(0.6)  # without the first template: (3, 4, 1, 2) vs (4, 3, 2, 1)
 
 
@@ -292,12 +348,12 @@ def test_the_paired_bootstrap_resamples_whole_subjects_for_both_rows():
     rng = np.random.default_rng(0)
     b = rng.random(200)
     # a shifted copy: every resample draws the same subjects for both rows, so the difference never moves
-    shifted = V.paired_bootstrap(b + 0.1, b, n_boot=500, level=0.95, seed=0)
+    shifted = S.paired_bootstrap(b + 0.1, b, n_boot=500, level=0.95, seed=0)
     assert shifted.estimate == pytest.approx(0.1) and shifted.low == pytest.approx(0.1) and shifted.high == pytest.approx(0.1)
     # an independent difference: the interval is the mean difference's, +-1.96 standard errors
     d = rng.standard_normal(400)
-    iv = V.paired_bootstrap(d, np.zeros(400), n_boot=4000, level=0.95, seed=1)
+    iv = S.paired_bootstrap(d, np.zeros(400), n_boot=4000, level=0.95, seed=1)
     se = d.std() / np.sqrt(400)
     assert iv.low < d.mean() < iv.high and (iv.high - iv.low) == pytest.approx(2 * 1.96 * se, rel=0.1)
     with pytest.raises(ValueError, match="different subjects"):
-        V.paired_bootstrap(np.array([1.0, np.nan, 0.0]), np.array([1.0, 0.0, 0.0]), n_boot=10, level=0.9, seed=0)
+        S.paired_bootstrap(np.array([1.0, np.nan, 0.0]), np.array([1.0, 0.0, 0.0]), n_boot=10, level=0.9, seed=0)

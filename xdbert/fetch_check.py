@@ -200,8 +200,10 @@ def check_captions(path: Path) -> str:
 
 
 def check_vicomte(folder: Path, relation: str) -> str:
-    from xdbert.data.vicomte import load_relation
+    from xdbert.data.vicomte import CODA, load_coda_templates, load_relation
 
+    if relation == CODA:
+        return f"{len(load_coda_templates(folder))} templates for CoDa"
     r = load_relation(folder, relation)
     splits = "; ".join(f"{group} " + ", ".join(f"{split} {len(rows):,}" for split, rows in r.splits[group].items())
                        for group in r.splits)
@@ -229,7 +231,7 @@ def checks(p: dict) -> list[tuple[str, Callable[[], str]]]:
     for key, path in provided_files(p):
         if key == "tasks.read_path":
             out.append((f"{path} (`{key}`)", lambda path=str(path): check_read(path, p)))
-        elif key == provided.VICOMTE:  # one row per relation: its checks span its files
+        elif key == provided.VICOMTE:  # one row per relation (its checks span its files), one for the CoDa templates
             relation = vicomte.locate(path)
             if relation not in relations:
                 relations.append(relation)

@@ -46,7 +46,7 @@ from xdbert.errors import PipelineError
 from xdbert.fetch import Asset, hub_assets, provided_files
 from xdbert.hub import quiet_loading
 from xdbert.hub_layouts import DATASETS, MODELS
-from xdbert.mirror_probes import write_coda, write_vicomte
+from xdbert.mirror_probes import write_coda, write_vicomte, write_vicomte_coda
 
 if TYPE_CHECKING:
     import datasets
@@ -390,9 +390,11 @@ def write_inputs(p: dict, root: Path, sizes: str) -> list[Path]:
                           "excerpt": df["text_a"], "target": df["label"],
                           "standard_error": 0.5}).to_csv(target, index=False)
         elif key == provided.VICOMTE:
-            folder, relation = vicomte.locate(target)
-            if not target.is_file():  # a relation's files are written together
-                write_vicomte(folder, relation, seed, sizes)
+            folder, name = vicomte.locate(target)
+            if name == vicomte.CODA:
+                write_vicomte_coda(folder)
+            elif not target.is_file():  # a relation's files are written together
+                write_vicomte(folder, name, seed, sizes)
         else:
             write_coco_captions(generate_captions(CAPTIONS, seed), target)
         written.append(target)

@@ -29,9 +29,11 @@ The results dict (JSON):
           "groupings": {
             "<grouping>": {                  # all, single (never shape's "any": 2 test subjects)
               "n_test": 574,
-              "majority": {"class": "white", "accuracy": 0.375,
-                           "prior_spearman": 0.41,        # vicomte_probe.prior_spearman, classes seen in train
-                           "prior_spearman_all": 0.40},   # the same over all classes (the cloze's comparison)
+              "majority": {                  # probe_stats.majority_line: each kind of column's line on its items
+                "linear": {"class": "white", "accuracy": 0.375, "n": 573, "prior_spearman": 0.41},
+                    # the test subjects whose class train holds; the prior over the classes seen in train
+                "zero_shot": {"class": "white", "accuracy": 0.374, "n": 574, "prior_spearman": 0.40}},
+                    # every test subject; the prior over all classes
               "linear": {"<model>": linear_entry(LinearProbe)},
               "zero_shot": {"<model>": scores_entry(Scores)},         # MLM rows only; may be empty
               "differences": [difference_entry(a, b, column, Interval), ...]
@@ -44,8 +46,9 @@ The results dict (JSON):
       "coda": {                              # optional
         "n_objects": 107,
         "majority": {"spearman": 0.5, "kendall": 0.4},   # every object scored by the train objects' mean distribution
-        "rows": {"<model>": coda_entry(rho, tau)},
-        "differences": [difference_entry(a, b, column, Interval), ...]   # column: coda.spearman, coda.kendall
+        "rows": {"<model>": {**coda_entry(rho, tau),      # CoDa's own text-masked templates (the hub's texts)
+                             "vicomte": coda_entry(rho, tau)}},  # ViComTe's protocol: its CoDa templates
+        "differences": [difference_entry(a, b, column, Interval), ...]   # column: a key of CODA_COLUMNS
       },
       "merged_classes": {"<model>": {"<relation>": [["gray", "grey"], ...]}}   # vicomte_probe.merged_classes
                                                                               # of each cloze row; relation
@@ -62,6 +65,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from xdbert.analysis import probe_stats as S
 from xdbert.analysis import vicomte_probe as V
 from xdbert.analysis.mechanism_stats import Interval
 from xdbert.analysis.probe_rows import BATCH_SIZE, Loaded, Row
@@ -81,7 +85,8 @@ VICOMTE_COLUMNS = {
     "zero_shot.accuracy": "cloze top-1",
     "zero_shot.spearman": "cloze ρ",
 }
-CODA_COLUMNS = {"coda.spearman": "Spearman ρ", "coda.kendall": "Kendall τ"}
+CODA_COLUMNS = {"coda.spearman": "Spearman ρ", "coda.kendall": "Kendall τ",
+                "coda.vicomte.spearman": "Spearman ρ, ViComTe's templates"}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -109,7 +114,7 @@ def scores_entry(scores: V.Scores) -> dict:
 
 
 def coda_entry(rho: np.ndarray, tau: np.ndarray) -> dict:
-    """A row's CoDa figures from `vicomte_probe.coda_correlations`: the means over the objects that have
+    """A row's CoDa figures from `probe_stats.coda_correlations`: the means over the objects that have
     them, n, and the Spearman's standard error (for the anchor's noise)."""
     rho, tau = np.asarray(rho, dtype=np.float64), np.asarray(tau, dtype=np.float64)
     kept = np.isfinite(rho)
@@ -183,10 +188,13 @@ def cloze_scores(loaded: Loaded, texts: Sequence[str], token_ids) -> "object":
     return V.mask_log_probs(loaded.mlm.encoder, loaded.mlm.head, loaded.tokenizer, texts, BATCH_SIZE, classes=token_ids)
 
 
-def row_outputs(loaded: Loaded, relations: Mapping, coda_objects: Sequence) -> dict:
+def row_outputs(loaded: Loaded, relations: Mapping, coda_objects: Sequence, coda_templates: Sequence[str]) -> dict:
     """What a row's models give: per relation its probe features (templates of (subjects, d)) and, with an MLM
-    head, its cloze scores (subjects, templates, classes) and merged classes; with one, CoDa's per-object scores."""
-    out = {"features": {}, "cloze": {}, "merged": {}, "coda": None}
+    head, its cloze scores (subjects, templates, classes) and merged classes; with one, CoDa's per-object scores
+    under CoDa's text-masked templates ("coda") and under ViComTe's `coda_templates` ("coda_vicomte"), [X] the
+    object's `ngram` (its singular where it has one: the protocol of ViComTe's published CoDa figure, which CoDa's
+    own templates, with their plurals, do not reproduce)."""
+    out = {"features": {}, "cloze": {}, "merged": {}, "coda": None, "coda_vicomte": None}
     for name, rel in relations.items():
         subjects = subjects_of(rel)
         out["features"][name] = [loaded.features(V.probe_texts(t, subjects)) for t in rel.templates]
@@ -201,6 +209,8 @@ def row_outputs(loaded: Loaded, relations: Mapping, coda_objects: Sequence) -> d
         ids = V.class_token_ids(loaded.tokenizer, words)
         mask = loaded.tokenizer.mask_token
         out["coda"] = [cloze_scores(loaded, [t.replace(CODA_MASK, mask) for t in texts], ids) for _, texts in coda_objects]
+        out["coda_vicomte"] = [cloze_scores(loaded, [V.fill(t, first.ngram, mask) for t in coda_templates], ids)
+                               for first, _ in coda_objects]
         out["merged"]["coda"] = V.merged_classes(loaded.tokenizer, words)
     return out
 
@@ -217,7 +227,7 @@ def coda_test_objects(coda: Mapping) -> list[tuple["object", list[str]]]:
 def paired(a, b, seed: int, n_boot: int):
     """The paired bootstrap of a minus b over the subjects where both have a result."""
     both = np.isfinite(a) & np.isfinite(b)
-    return V.paired_bootstrap(np.where(both, a, np.nan), np.where(both, b, np.nan), n_boot=n_boot, level=LEVEL, seed=seed)
+    return S.paired_bootstrap(np.where(both, a, np.nan), np.where(both, b, np.nan), n_boot=n_boot, level=LEVEL, seed=seed)
 
 
 def differences(models: Sequence[dict], per_subject: Mapping[str, Mapping[str, "object"]], n_boot: int) -> list[dict]:
@@ -241,10 +251,12 @@ def check_folds(relations: Mapping, cv_folds: int) -> None:
                                     f"between 2 and {max(2, len(splits['train']))}")
 
 
-def probe(rows: Sequence[Row], load: Callable[[Row], Loaded], relations: Mapping, coda: Mapping, *, cv_folds: int,
-          n_boot: int, jobs: int, say: Callable[[str], None] = lambda line: None) -> dict:
+def probe(rows: Sequence[Row], load: Callable[[Row], Loaded], relations: Mapping, coda: Mapping,
+          coda_templates: Sequence[str], *, cv_folds: int, n_boot: int, jobs: int,
+          say: Callable[[str], None] = lambda line: None) -> dict:
     """The results dict (the module docstring) for `rows`, each loaded by `load` one at a time; `relations`
-    ViComTe's (xdbert.data.vicomte.load_relation), `coda` CoDa's splits (xdbert.data.coda).
+    ViComTe's (xdbert.data.vicomte.load_relation), `coda` CoDa's splits (xdbert.data.coda), `coda_templates`
+    ViComTe's templates for CoDa (xdbert.data.vicomte.load_coda_templates).
     A row's features are probed as soon as they are computed and then dropped: one row's in memory at a time."""
     check_folds(relations, cv_folds)
     models = [r.entry() for r in rows]
@@ -257,17 +269,14 @@ def probe(rows: Sequence[Row], load: Callable[[Row], Loaded], relations: Mapping
             train, test = split_arrays(rel, group, "train", index), split_arrays(rel, group, "test", index)
             splits[name, group] = train, test
             (_, train_y, _), (_, test_y, test_dist) = train, test
-            majority, share = V.majority_class(test_y)
-            counts = np.bincount(train_y, minlength=len(rel.classes)).astype(np.float64)
+            lines = {kind: S.majority_line(kind, train_y, test_y, test_dist) for kind in S.PROBE_KINDS}
             vicomte[name]["groupings"][group] = {
                 "n_test": len(test_y), "linear": {}, "zero_shot": {},
-                "majority": {"class": rel.classes[majority], "accuracy": share,
-                             "prior_spearman": V.finite_mean(V.prior_spearman(train_y, test_y, test_dist)),
-                             "prior_spearman_all": V.finite_mean(V.spearman_rows(test_dist, np.tile(counts, (len(test_y), 1))))}}
+                "majority": {kind: {**line, "class": rel.classes[line["class"]]} for kind, line in lines.items()}}
             per_subject[name, group] = {c: {} for c in VICOMTE_COLUMNS}
     merged, coda_scores = {}, {}
     for r in rows:
-        out = row_outputs(load(r), relations, coda_objects)
+        out = row_outputs(load(r), relations, coda_objects, coda_templates)
         for (name, group), ((train_i, train_y, train_dist), (test_i, test_y, test_dist)) in splits.items():
             g, values = vicomte[name]["groupings"][group], per_subject[name, group]
             feats = out["features"][name]
@@ -284,7 +293,7 @@ def probe(rows: Sequence[Row], load: Callable[[Row], Loaded], relations: Mapping
         if out["merged"]:
             merged[r.name] = out["merged"]
         if out["coda"] is not None:
-            coda_scores[r.name] = out["coda"]
+            coda_scores[r.name] = out["coda"], out["coda_vicomte"]
         say(f"probes: {r.name}: linear probe" + (", cloze and CoDa" if out["cloze"] else ""))
     for (name, group), values in per_subject.items():
         vicomte[name]["groupings"][group]["differences"] = differences(models, values, n_boot)
@@ -295,16 +304,20 @@ def probe(rows: Sequence[Row], load: Callable[[Row], Loaded], relations: Mapping
     return results
 
 
-def coda_results(coda: Mapping, objects: Sequence, scores: Mapping[str, list], models: Sequence[dict], n_boot: int) -> dict:
-    """CoDa's entry of the results dict: per cloze row its per-object correlations, the train prior, the differences."""
+def coda_results(coda: Mapping, objects: Sequence, scores: Mapping[str, tuple[list, list]], models: Sequence[dict],
+                 n_boot: int) -> dict:
+    """CoDa's entry of the results dict: per cloze row its per-object correlations under CoDa's templates and under
+    ViComTe's (`scores`: row -> both), the train prior, the differences."""
     human = np.array([first.label for first, _ in objects], dtype=np.float64)
     train = {r.class_id: r.label for r in coda["train"]}  # one distribution per object, whichever its template
     prior = np.tile(np.mean(list(train.values()), axis=0), (len(human), 1))
     rows, per_subject = {}, {c: {} for c in CODA_COLUMNS}
-    for name, s in scores.items():
-        rho, tau = V.coda_correlations(s, human)
-        rows[name] = coda_entry(rho, tau)
+    for name, (own, vicomte) in scores.items():
+        rho, tau = S.coda_correlations(own, human)
+        v_rho, v_tau = S.coda_correlations(vicomte, human)
+        rows[name] = {**coda_entry(rho, tau), "vicomte": coda_entry(v_rho, v_tau)}
         per_subject["coda.spearman"][name], per_subject["coda.kendall"][name] = rho, tau
+        per_subject["coda.vicomte.spearman"][name] = v_rho
     return {"n_objects": len(objects), "rows": rows,
             "majority": {"spearman": V.finite_mean(V.spearman_rows(human, prior)), "kendall": V.finite_mean(V.kendall_rows(human, prior))},
             "differences": differences(models, per_subject, n_boot)}

@@ -1,5 +1,5 @@
-"""The visual-knowledge probes of issue 56 (../shared/PROBES.md): ViComTe's linear probe and zero-shot cloze,
-CoDa's per-object correlations, and the paired bootstrap over subjects that compares two rows.
+"""The visual-knowledge probes of issue 56 (../shared/PROBES.md): ViComTe's linear probe and zero-shot cloze
+(the lines they are compared with, CoDa's correlations and the bootstrap: xdbert.analysis.probe_stats).
 
 The protocol follows the authors' scripts (github ChenyuHeidiZhang/VL-commonsense @ f111efc), read, not
 copied: `probing/eval_classification.py` (linear probe), `probing/eval_zero_shot.py` (cloze) and
@@ -22,13 +22,10 @@ import numpy as np
 import scipy.stats
 from scipy.special import logsumexp
 
-from xdbert.analysis.mechanism_stats import Interval, bootstrap_replicates, percentile_interval
-
 # eval_classification.py: LogisticRegression(random_state=0, C=0.316, max_iter=2000)
 PROBE_C = 0.316
 PROBE_MAX_ITER = 2000
 PROBE_SEED = 0
-BOOTSTRAP_SUBJECTS = "paired bootstrap: subjects"
 METRICS = ("accuracy", "spearman")
 CHOICES = ("oracle", "chosen")  # the best template on test; the best in cross-validation on train
 
@@ -206,7 +203,10 @@ def fit_and_score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, 
     As eval_classification.py does: a test subject whose class never occurs in train is left out of both
     figures; Spearman compares `predict_proba` with the subject's counts over the classes seen in
     training (the classifier's columns), and leaves out a subject with no count among them (theirs drops
-    a zero sum; a constant nonzero row has no rho either).
+    a zero sum; a constant nonzero row has no rho either). The label is the file's `obj` even where the
+    counts tie it with another class at the top (the real files: 80 / 18 / 38 such subjects of colour /
+    shape / material): theirs reads `obj` and never the counts' argmax, so predicting the tied class is wrong,
+    and Spearman gives tied counts their average rank (scipy's `spearmanr`, as theirs).
     """
     from sklearn.linear_model import LogisticRegression
 
@@ -275,7 +275,9 @@ def _best(values) -> int:
 def cross_validate(train_x: np.ndarray, train_y: np.ndarray, train_dist: np.ndarray, n_folds: int,
                    seed: int) -> Scores:
     """Every train subject scored by the classifier fit on the other folds (`fit_and_score`): k-fold,
-    shuffled with `seed`. Not in the authors' scripts; it lets the probe choose a template on train."""
+    shuffled with `seed`. Not in the authors' scripts; it lets the probe choose a template on train.
+    A fold whose other folds hold one class alone (a heavily skewed split, few of the rest) fits no classifier:
+    its subjects are left out (NaN), as a test subject of a class unseen in training is."""
     from sklearn.model_selection import KFold
 
     if n_folds < 2:
@@ -284,6 +286,8 @@ def cross_validate(train_x: np.ndarray, train_y: np.ndarray, train_dist: np.ndar
     correct = np.full(len(train_y), np.nan)
     spearman = np.full(len(train_y), np.nan)
     for fit, held in KFold(n_splits=n_folds, shuffle=True, random_state=seed).split(train_x):
+        if len(np.unique(train_y[fit])) < 2:
+            continue
         s = fit_and_score(train_x[fit], train_y[fit], train_x[held], train_y[held], train_dist[held])
         correct[held], spearman[held] = s.correct, s.spearman
     return Scores(correct, spearman)
@@ -420,76 +424,3 @@ def zero_shot(scores: np.ndarray, labels: np.ndarray, dist: np.ndarray) -> Score
     rho = spearman_rows(np.repeat(dist, t, axis=0), s.reshape(n * t, k)).reshape(n, t)
     spearman = np.where(np.isfinite(rho).any(1), np.nanmax(np.where(np.isfinite(rho), rho, -np.inf), 1), np.nan)
     return Scores(correct, spearman)
-
-
-# ----------------------------------------------------------------------------------------------------
-# CoDa
-# ----------------------------------------------------------------------------------------------------
-
-def coda_correlations(scores: Sequence[np.ndarray], human: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """CoDa's per-object Spearman and Kendall (tau-b) of a row's class scores against the human colour
-    distribution. `scores[i]` (templates_i, classes) are object i's scores under each of its templates
-    (CoDa's objects groups have their own templates), `human` (objects, classes). Each figure is the best
-    template's per object (max over templates, each metric on its own): an upper bound, as the zero-shot
-    evaluation of CoDa picks each object's best template. NaN where every template's rho is undefined."""
-    human = np.asarray(human, dtype=np.float64)
-    if len(scores) != len(human):
-        raise ValueError(f"CoDa needs one score array per object; got {len(scores)} for {len(human)} objects")
-    rho, tau = np.full(len(human), np.nan), np.full(len(human), np.nan)
-    for i, (s, h) in enumerate(zip(scores, human)):
-        s = np.atleast_2d(np.asarray(s, dtype=np.float64))
-        if s.shape[1] != len(h):
-            raise ValueError(f"object {i}: {s.shape[1]} class scores for {len(h)} classes")
-        r = spearman_rows(np.tile(h, (len(s), 1)), s)
-        k = kendall_rows(np.tile(h, (len(s), 1)), s)
-        rho[i] = np.nanmax(r) if np.isfinite(r).any() else np.nan
-        tau[i] = np.nanmax(k) if np.isfinite(k).any() else np.nan
-    return rho, tau
-
-
-# ----------------------------------------------------------------------------------------------------
-# Baselines and intervals
-# ----------------------------------------------------------------------------------------------------
-
-def majority_class(labels: np.ndarray) -> tuple[int, float]:
-    """The most frequent class of a split and its share: the accuracy of always guessing it (the lowest
-    index on ties). PROBES.md's majority lines are the test split's own (colour all groups: white, 37.5%)."""
-    labels = np.asarray(labels)
-    if not len(labels):
-        raise ValueError("the majority class of an empty split is undefined")
-    classes, counts = np.unique(labels, return_counts=True)
-    return int(classes[np.argmax(counts)]), float(counts.max() / len(labels))
-
-
-def prior_spearman(train_y: np.ndarray, test_y: np.ndarray, test_dist: np.ndarray) -> np.ndarray:
-    """The Spearman column's majority line: every test subject scored by the train class counts, a
-    classifier that learned the prior alone, compared as `fit_and_score` compares (classes seen in train,
-    subjects of unseen classes left out). (n_test,) with NaN where left out."""
-    train_y, test_y = np.asarray(train_y), np.asarray(test_y)
-    test_dist = np.asarray(test_dist, dtype=np.float64)
-    seen, counts = np.unique(train_y, return_counts=True)
-    kept = np.isin(test_y, seen)
-    out = np.full(len(test_y), np.nan)
-    if kept.any():
-        out[kept] = spearman_rows(test_dist[kept][:, seen], np.tile(counts, (int(kept.sum()), 1)))
-    return out
-
-
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, *, n_boot: int, level: float, seed: int) -> Interval:
-    """Row a's mean minus row b's over the same subjects, with a percentile interval at `level` from
-    `n_boot` paired resamples: each draws subjects with replacement and takes both rows' means over the
-    same draw (mechanism_stats.bootstrap_replicates, one unit per subject). `a` and `b` (subjects,) are
-    per-subject results (`Scores.correct` or `.spearman`); both must leave out the same subjects (NaN)."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"a paired difference needs two rows on the same subjects; got {a.shape} and {b.shape}")
-    kept = np.isfinite(a)
-    if not np.array_equal(kept, np.isfinite(b)):
-        raise ValueError("the two rows leave out different subjects; a paired difference needs the same ones")
-    if kept.sum() < 2:
-        raise ValueError(f"a bootstrap needs at least 2 subjects; got {int(kept.sum())}")
-    a, b = a[kept], b[kept]
-    ones = np.ones(len(a))
-    replicates = (bootstrap_replicates(a[None], ones, n_boot, seed)
-                  - bootstrap_replicates(b[None], ones, n_boot, seed))
-    return Interval(float(a.mean() - b.mean()), *percentile_interval(replicates, level), BOOTSTRAP_SUBJECTS)

@@ -55,10 +55,13 @@ def _folds(value) -> int:
 
 def vicomte_files(s: ProbesSettings) -> list[tuple[str, Path]]:
     """(param, path) of every ViComTe file settings `s` expect a user to have put in place (none with the probes
-    off), as xdbert.data.provided.files lists the other hand-provided files; `xdbert fetch` checks them with those."""
+    off): the relations' files, then the CoDa templates; as xdbert.data.provided.files lists the other hand-provided
+    files; `xdbert fetch` checks them with those."""
     if not s.enabled:
         return []
-    return [(provided.VICOMTE, path) for relation in s.relations for path in vicomte.files(s.vicomte_dir, relation)]
+    paths = [*(path for relation in s.relations for path in vicomte.files(s.vicomte_dir, relation)),
+             vicomte.coda_templates_file(s.vicomte_dir)]
+    return [(provided.VICOMTE, path) for path in paths]
 
 
 def check_vicomte_files(s: ProbesSettings) -> None:

@@ -39,16 +39,19 @@ def files(p: dict) -> list[tuple[str, Path]]:
 def check_files(expected: list[tuple[str, Path]]) -> None:
     """Every (param, path) of `files` (and of xdbert.data.probes.vicomte_files) is there and in its format: one
     PipelineError naming the first that is not. A file outside inputs/ is read, with a note that DVC does not track it. ViComTe's files are read a
-    relation at a time, as their checks span files (a subject's counts, a class of the word list)."""
+    relation at a time, as their checks span files (a subject's counts, a class of the word list); the CoDa templates
+    alone."""
     relations, noted = set(), set()
     for key, path in expected:
         if key == "tasks.read_path":
             check_read_csv(path)
         elif key == VICOMTE:
-            relation = vicomte.locate(path)
-            if relation not in relations:
-                relations.add(relation)
-                vicomte.load_relation(*relation)
+            folder, name = found = vicomte.locate(path)
+            if found not in relations and name == vicomte.CODA:
+                vicomte.load_coda_templates(folder)
+            elif found not in relations:
+                vicomte.load_relation(folder, name)
+            relations.add(found)
         else:
             read_coco_captions(path)
         if key not in noted and not path.resolve().is_relative_to(INPUTS.resolve()):

@@ -13,7 +13,8 @@ copies as it is; every line format below was read there, in the data files and i
   (`azure: blue`); the classes, in file order, are the order of the counts (the authors' `WORD_LISTS` in
   probing/models.py are the same words in the same order; the file ends without a newline);
 - `soft-prompts/prompts/vl/<rel>.jsonl`: one `{"template": "[X] is made of [Y] ."}` a line, `[X]` the subject and
-  `[Y]` the class word.
+  `[Y]` the class word; beside them `coda.jsonl`, the same format, the templates of the authors' figures on CoDa
+  (`[X]` the object, in its singular where it has one, `[Y]` the colour word: `load_coda_templates`).
 
 Every problem is one `PipelineError` naming the file (and its line) and what is allowed, so a cut-short copy or a
 hand-edited line stops the run before any work.
@@ -31,6 +32,7 @@ RELATIONS = ("color", "shape", "material")
 GROUPS = ("all", "single")   # all object groups (db/<rel>/), and objects of one typical class only (db/<rel>/single/)
 SPLITS = ("train", "test")
 SUBJECT, TARGET = "[X]", "[Y]"
+CODA = "coda"  # the name of ViComTe's CoDa templates file among the relations' templates files
 
 # Each file of a relation, relative to `probes.vicomte_dir`.
 FILES = {
@@ -65,14 +67,18 @@ def files(folder: str | Path, relation: str) -> list[Path]:
     return [Path(folder) / path.format(rel=relation) for path in FILES.values()]
 
 
+def coda_templates_file(folder: str | Path) -> Path:
+    """ViComTe's CoDa templates file under `folder`."""
+    return Path(folder) / FILES["templates"].format(rel=CODA)
+
+
 def locate(path: str | Path) -> tuple[Path, str] | None:
-    """(the ViComTe folder, the relation) whose file `path` is, or None."""
+    """(the ViComTe folder, the relation, or CODA for the CoDa templates) whose file `path` is, or None."""
     parts = Path(path).parts
-    for relation in RELATIONS:
-        for template in FILES.values():
-            tail = Path(template.format(rel=relation)).parts
-            if len(parts) > len(tail) and parts[-len(tail):] == tail:
-                return Path(*parts[:-len(tail)]), relation
+    for name, template in [*((r, t) for r in RELATIONS for t in FILES.values()), (CODA, FILES["templates"])]:
+        tail = Path(template.format(rel=name)).parts
+        if len(parts) > len(tail) and parts[-len(tail):] == tail:
+            return Path(*parts[:-len(tail)]), name
     return None
 
 
@@ -81,11 +87,7 @@ def load_relation(folder: str | Path, relation: str) -> Relation:
     if relation not in RELATIONS:
         raise PipelineError(f"unknown ViComTe relation {relation!r}; allowed: {', '.join(RELATIONS)}")
     paths = dict(zip(FILES, files(folder, relation)))
-    missing = [str(p) for p in paths.values() if not p.is_file()]
-    if missing:
-        raise PipelineError(f"missing {missing[0]}{f' (and {len(missing) - 1} more ViComTe files)' if len(missing) > 1 else ''}: "
-                            f"copy mine-data/ and soft-prompts/ of github ChenyuHeidiZhang/VL-commonsense into {folder} "
-                            f"as they are (docs/profiles.md)")
+    _check_present(folder, paths.values())
     classes, synonyms = read_words(paths["words"])
     distributions = read_distributions(paths["distributions"], classes)
     templates = read_templates(paths["templates"])
@@ -95,6 +97,22 @@ def load_relation(folder: str | Path, relation: str) -> Relation:
             group, split = name.split("/")
             splits[group][split] = read_examples(paths[name], classes, distributions, paths["distributions"])
     return Relation(relation, classes, synonyms, splits, templates, distributions)
+
+
+def load_coda_templates(folder: str | Path) -> tuple[str, ...]:
+    """ViComTe's templates for CoDa from their file under `folder`, checked as a relation's templates are."""
+    path = coda_templates_file(folder)
+    _check_present(folder, [path])
+    return read_templates(path)
+
+
+def _check_present(folder: str | Path, paths) -> None:
+    """A PipelineError naming the first of ViComTe's `paths` that is missing, and how to put them in place."""
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise PipelineError(f"missing {missing[0]}{f' (and {len(missing) - 1} more ViComTe files)' if len(missing) > 1 else ''}: "
+                            f"copy mine-data/ and soft-prompts/ of github ChenyuHeidiZhang/VL-commonsense into {folder} "
+                            f"as they are (docs/profiles.md)")
 
 
 def _lines(path: Path) -> list[tuple[int, str]]:

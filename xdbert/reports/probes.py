@@ -36,8 +36,8 @@ ANCHORS = (
     ("reference", "color", "all", "zero_shot.spearman", 47.5, "bert-base-cased", HEATMAP_FILE),
     (None, "color", "all", "zero_shot.spearman", 55.8, "a BERT trained on captions alone", HEATMAP_FILE),
     (None, "color", "all", "zero_shot.spearman", 53.7, "an Oscar-distilled BERT", HEATMAP_FILE),
-    ("reference", "coda", None, "coda.spearman", 46.2,
-     "bert-base-cased (ViComTe's zero-shot on its CoDa split, best template)", HEATMAP_FILE),
+    ("reference", "coda", None, "coda.vicomte.spearman", 46.2,
+     "bert-base-cased (ViComTe's zero-shot on its CoDa split, its 9 templates, best template)", HEATMAP_FILE),
 )
 
 
@@ -45,24 +45,32 @@ ANCHORS = (
 # Reading a column
 # ----------------------------------------------------------------------------------------------------
 
+def entry_of(entry_set: Mapping, column: str, model: str) -> Mapping | None:
+    """The dict of `model`'s figures that `column` reads in a grouping or in CoDa (CoDa's "coda.vicomte.*" columns:
+    the row's "vicomte" entry); None where it has none."""
+    probe, *rest = column.split(".")
+    if probe in ("linear", "zero_shot"):
+        return entry_set.get(probe, {}).get(model)
+    entry = entry_set.get("rows", {}).get(model)
+    for key in rest[:-1]:
+        entry = None if entry is None else entry.get(key)
+    return entry
+
+
 def figure(entry_set: Mapping, column: str, model: str) -> tuple[float, int, int | None] | None:
     """(value, n, template or None) of `model` in a grouping's or CoDa's `column`; None where it has none."""
     probe, *rest = column.split(".")
+    entry = entry_of(entry_set, column, model)
+    if entry is None:
+        return None
     if probe == "linear":
-        entry = entry_set.get("linear", {}).get(model)
-        if entry is None:
-            return None
         choice, metric = rest
         n = entry["n"] if metric == "accuracy" else entry["n_spearman"]
         return entry[choice][metric], n, entry[choice][f"{metric}_template"]
     if probe == "zero_shot":
-        entry = entry_set.get("zero_shot", {}).get(model)
-        if entry is None:
-            return None
         (metric,) = rest
         return entry[metric], entry["n"] if metric == "accuracy" else entry["n_spearman"], None
-    entry = entry_set.get("rows", {}).get(model)
-    return None if entry is None else (entry[rest[0]], entry["n"], None)
+    return entry[rest[-1]], entry["n"], None
 
 
 def column_n(entry_set: Mapping, column: str, models: Sequence[str], where: str) -> int | None:
@@ -103,14 +111,18 @@ def grouping_table(relation: str, grouping: str, g: Mapping, models: Sequence[Ma
     if unknown:
         raise ValueError(f"{where}: rows {sorted(unknown)} are not in `models`")
     ns = {c: column_n(g, c, names, where) for c in columns}
-    maj = g["majority"]
-    majority = {"linear.oracle.accuracy": maj["accuracy"], "linear.chosen.accuracy": maj["accuracy"],
-                "linear.oracle.spearman": maj["prior_spearman"], "linear.chosen.spearman": maj["prior_spearman"],
-                "zero_shot.accuracy": maj["accuracy"], "zero_shot.spearman": maj["prior_spearman_all"]}
+    lines = {c: g["majority"][c.split(".")[0]] for c in columns}  # the linear probe's line or the cloze's
+    for c in columns:
+        if c.endswith("accuracy") and ns[c] is not None and ns[c] != lines[c]["n"]:
+            raise ValueError(f"{where}, {c}: the majority line is on {lines[c]['n']} subjects and the column on {ns[c]}; "
+                             f"a line must be on the subjects its column scores")
+    classes = "/".join(dict.fromkeys(line["class"] for line in lines.values()))
+    majority = {c: lines[c]["accuracy" if c.endswith("accuracy") else "prior_spearman"] for c in columns}
     out = [f"### {relation}, {GROUPING_TEXT[grouping]} ({g['n_test']} test subjects)", "",
            row(["model", "role", *(VICOMTE_COLUMNS[c] for c in columns)]), "|---" * (len(columns) + 2) + "|",
            row(["*n*", "", *(str(ns[c]) if ns[c] is not None else "-" for c in columns)]),
-           row([f"*majority class ({maj['class']}); ρ: class prior*", "", *(pct(majority[c]) for c in columns)])]
+           row([f"*majority class ({classes}); ρ: class prior; each on its column's subjects*", "",
+                *(pct(majority[c]) for c in columns)])]
     for m in models:
         figures = {c: figure(g, c, m["name"]) for c in columns}
         if all(f is None for f in figures.values()):
@@ -165,10 +177,12 @@ def coda_table(coda: Mapping, models: Sequence[Mapping]) -> list[str]:
     ns = {c: column_n(coda, c, names, "coda") for c in columns}
     out = [f"## CoDa ({coda['n_objects']} test objects)", "",
            "Per object, the Spearman (and Kendall) correlation of a row's colour scores with the human "
-           "distribution under the object's best template (an upper bound), averaged over objects.", "",
+           "distribution under the object's best template (an upper bound), averaged over objects: under CoDa's own "
+           "text-masked templates, and under ViComTe's 9 CoDa templates with the object's singular as the subject "
+           "(\"Most duck are [MASK] .\"), the protocol of ViComTe's published figure.", "",
            row(["model", "role", *(CODA_COLUMNS[c] for c in columns)]), "|---" * (len(columns) + 2) + "|",
            row(["*n*", "", *(str(ns[c]) if ns[c] is not None else "-" for c in columns)]),
-           row(["*class prior (train objects' mean distribution)*", "", *(pct(coda["majority"][c.split(".")[1]]) for c in columns)])]
+           row(["*class prior (train objects' mean distribution)*", "", *(pct(coda["majority"][c.split(".")[-1]]) for c in columns)])]
     for m in models:
         figures = {c: figure(coda, c, m["name"]) for c in columns}
         if all(f is None for f in figures.values()):
@@ -205,8 +219,7 @@ def anchor_checks(results: Mapping, role: str) -> list[tuple[str, float, float |
             p = value / 100
             se = math.sqrt(p * (1 - p) / n)
         else:
-            entry = (entry_set["rows"] if relation == "coda" else entry_set["zero_shot"])[name]
-            se = entry.get("spearman_se", math.nan)
+            se = entry_of(entry_set, column, name).get("spearman_se", math.nan)
         out.append((what, value, 100 * ours, 100 * se))
     return out
 
@@ -252,7 +265,10 @@ def render(results: Mapping) -> str:
            "seen in training. **Oracle**: the best template on test, as the authors report (it reads the test "
            f"labels). **Chosen on train**: the best template in {results['cv_folds']}-fold cross-validation on train (`probes.cv_folds`). Cloze (MLM rows "
            "whose head was trained on the encoder's own output): top-1 correct where any template ranks the class "
-           "first; ρ per subject under its best template. <sub>tK</sub>: the template a figure comes from.",
+           "first; ρ per subject under its best template. <sub>tK</sub>: the template a figure comes from. The linear "
+           "columns leave out a test subject whose class train lacks (the authors' script does), the cloze columns keep "
+           "it; *n* and the majority line (ρ: the train class counts as the prediction) are each column's own subjects'. "
+           "The label is the file's `obj`, also where the counts tie it with another class.",
            "",
            f"Paired differences: the mean over the same test subjects of row a minus row b, with a "
            f"{100 * boot['level']:g}% percentile interval from {boot['n_boot']} bootstrap resamples of the subjects "
