@@ -139,6 +139,7 @@ def test_an_out_that_is_a_file_or_cannot_be_written_is_one_clear_error(tmp_path)
     assert result.exit_code == 2 and "could not clone the project into" in result.output, result.output
 
 
+@pytest.mark.slow  # and so outside the fast tier, which `-m "not slow"` selects over pyproject's `not rehearsal`
 @pytest.mark.rehearsal
 def test_the_untouched_paper_profile_runs_end_to_end_offline(tmp_path):
     """`xdbert rehearse --sizes tiny`: the paper profile's whole graph, offline against the mirror, writes every
