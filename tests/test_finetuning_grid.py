@@ -353,7 +353,8 @@ def without_ray(monkeypatch, trained: list) -> None:
 def test_the_grid_prints_its_plan_first_then_progress_by_cost(bert_dir, tmp_path, monkeypatch, capsys):
     """The plan comes first (runs, reused, to train, workers, an estimate from the reused runs' times);
     each job's `finished` comes as soon as its last seed is done, a reused job's before any training;
-    a line follows every run here (each is over 5% of the cost), the longest first."""
+    the runs go longest first, and the last line says the grid is done (xdbert.finetuning.control.progress
+    and tests/test_finetuning_progress.py for the lines between)."""
     sst2 = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 16), settings(get_task("sst2"), epochs=1),
                    run_cache=tmp_path / "runs")
     long_sst2 = prepare("encoder", bert_dir, keyword_tables("sst2", 64, 16), settings(get_task("sst2"), epochs=3),
@@ -374,67 +375,16 @@ def test_the_grid_prints_its_plan_first_then_progress_by_cost(bert_dir, tmp_path
     assert trained == [(1, (0,)), (0, (0,)), (0, (1,))]  # 3 epochs first
     cost = grid.cost(sst2, (0,))
     assert grid.cost(long_sst2, (0,)) == 3 * cost and grid.cost(stsb, (0,)) < cost  # stsb: fewer, shorter examples
-    # the reused run's seconds per cost, for the 5 sst2 epochs on 2 workers
-    est = progress.duration(SECONDS_PER_COST * 5 * cost / 2)
+    # the reused run's seconds per cost: the 3-epoch run on one worker is the longest, the two others on the other
+    est = progress.duration(SECONDS_PER_COST * 3 * cost)
     assert lines[0] == f"finetune: plan: 4 runs, 1 reused, 3 to train on 2 workers (est. {est})"
-    assert lines[1] == "finished 2: seeds [0], reused [True]"
-    assert lines[2] == "finished 1: seeds [0], reused [False]" and lines[3].startswith("finetune: 60% of est. time, 1/3 runs, about")
-    assert lines[4].startswith("finetune: 80% of est. time, 2/3 runs, about")
-    assert lines[5:] == ["finished 0: seeds [0, 1], reused [False, False]", "finetune: 100% of est. time, 3/3 runs, about under 1 min left"]
+    assert lines[1:4] == ["finished 2: seeds [0], reused [True]", "finished 1: seeds [0], reused [False]",
+                          "finished 0: seeds [0, 1], reused [False, False]"]
+    assert len(lines) == 5 and progress.LINE.match(lines[4]) and lines[4].startswith("finetune: 100% of est. time, 3/3 runs, ")
+    assert lines[4].endswith(" elapsed, done")
     capsys.readouterr()
     grid.run_grid(work, workers=2)  # all saved now: no Ray, no training
     assert capsys.readouterr().out.splitlines() == ["finetune: plan: 4 runs, 4 reused, 0 to train"]
-
-
-def test_progress_says_a_line_at_every_5_percent_of_the_time_and_every_minute():
-    """With no timed run, the time is in proportion to the cost (each run here says no seconds)."""
-    now, said = [0.0], []
-    p = progress.Progress(runs=10, cost=100.0, say=said.append, clock=lambda: now[0])
-    p.plan(total=12, reused=2, workers=2)
-    assert said == ["finetune: plan: 12 runs, 2 reused, 10 to train on 2 workers (an estimate once the first runs end)"]
-    now[0] = 59
-    p.tick()
-    p.done(1, 4.0)  # under 5%, under a minute: silent
-    assert len(said) == 1
-    now[0] = 60
-    p.tick()
-    assert said[-1] == "finetune: 4% of est. time, 1/10 runs, about 24 min left"  # 96 more at 4 a minute
-    p.done(1, 1.0)  # 5%
-    assert said[-1] == "finetune: 5% of est. time, 2/10 runs, about 19 min left"
-    now[0] = 300
-    p.done(8, 95.0)
-    assert said[-1] == "finetune: 100% of est. time, 10/10 runs, about under 1 min left" and len(said) == 4
-    before = progress.Progress(runs=1, cost=10.0, say=said.append, clock=lambda: 0.0)
-    before.plan(total=1, reused=0, workers=1)
-    before.tick()
-    assert said[-1].endswith("0 to train") is False and "an estimate once the first runs end" in said[-1]
-    assert [progress.duration(s) for s in (20, 90, 3600 + 5 * 60)] == ["under 1 min", "2 min", "1 h 5 min"]
-
-
-def test_progress_counts_each_runs_fixed_time_so_small_runs_at_the_end_are_not_nothing():
-    """One long run (cost 90) then 10 small ones (cost 1 each), each taking 10 s of fixed time plus 1 s per
-    unit of cost. Cost alone called the grid 90% done after the long run; its time is 100 of 210 s."""
-    assert progress.fit([(1, 90.0, 100.0), (1, 1.0, 11.0), (2, 2.0, 22.0)]) == pytest.approx((10.0, 1.0))
-    assert progress.fit([]) == (0.0, 1.0)                                   # no time: shares of cost
-    assert progress.fit([(1, 5.0, 7.0)]) == (0.0, pytest.approx(1.4))       # one point: cost alone
-    assert progress.fit([(1, 5.0, 7.0), (2, 10.0, 14.0)]) == (0.0, pytest.approx(1.4))  # a and b not told apart
-    assert progress.fit([(1, 90.0, 100.0), (1, 10.0, 20.0)]) == (0.0, pytest.approx(9200 / 8200))  # 9x apart: too close
-    assert progress.fit([(1, 1.0, 10.0), (1, 20.0, 2.0)]) == (pytest.approx(12 / 2), 0.0)  # slower when cheaper: no b
-    now, said = [0.0], []
-    p = progress.Progress(runs=11, cost=100.0, say=said.append, clock=lambda: now[0])
-    p.plan(total=11, reused=0, workers=1)
-    now[0] = 100
-    p.done(1, 90.0, 100.0)  # one point: cost alone, 90%
-    assert said[-1] == "finetune: 90% of est. time, 1/11 runs, about under 1 min left"
-    now[0] = 111
-    p.done(1, 1.0, 11.0)   # two points: a = 10, b = 1: 111 of 210 s done
-    assert said[-1] == "finetune: 52% of est. time, 2/11 runs, about 2 min left"  # 99 s left at the rate so far
-    # the plan of a rerun that reuses timed runs estimates with the fitted model
-    again = progress.Progress(runs=9, cost=9.0, say=said.append, clock=lambda: 0.0)
-    again.plan(total=11, reused=2, workers=1, timed=[(1, 90.0, 100.0), (1, 1.0, 11.0)])
-    assert said[-1] == "finetune: plan: 11 runs, 2 reused, 9 to train on 1 worker (est. 2 min)"  # 9 x 11 s
-    again.plan(total=11, reused=2, workers=1, timed=[(1, 90.0, 90.0), (1, 1.0, 1.0)])
-    assert said[-1] == "finetune: plan: 11 runs, 2 reused, 9 to train on 1 worker (est. under 1 min)"  # 9 x 1 s
 
 
 WRITER = """

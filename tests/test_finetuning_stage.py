@@ -110,7 +110,9 @@ def test_stage_writes_metrics_and_predictions(workdir, local_ray, monkeypatch, c
     said = {line.split(":")[0]: i for i, line in enumerate(lines)}  # where each task's median, and its summary, is
     for task in ("sst2", "stsb"):  # a task's medians come as its last run ends, after a progress line
         assert 3 < said[f"finetune {task} tiny/xdbert"] < said[f"finetune {task}"], lines
-    assert "finetune: 100% of est. time, 4/4 runs, about under 1 min left" in lines
+    [done] = [i for i, line in enumerate(lines) if line.endswith(" elapsed, done")]  # as the last run ends
+    assert lines[done].startswith("finetune: 100% of est. time, 4/4 runs, ")
+    assert done > max(said[f"finetune {task} tiny/xdbert"] for task in ("sst2", "stsb"))
     for task, n_dev in (("sst2", 16), ("stsb", 12)):
         out = workdir / "results" / "finetune" / task / "tiny" / "xdbert"
         metrics = yaml.safe_load((out / "metrics.json").read_text())

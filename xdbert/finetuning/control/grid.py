@@ -1,7 +1,9 @@
 """The finetuning grid: every (job, seed) run of the study in flight at once, and a cache of finished runs.
 
 The runs go to Ray workers (xdbert.finetuning.control.engine) longest first, so no worker idles while another
-still has several runs of its share to go (a task's runs differ up to 5x in cost, tasks far more). With
+still has several runs of its share to go (a task's runs differ up to 5x in cost, tasks far more); only each
+worker's first run, a cheap one, and a few runs of each model kind go before, so that the log's estimate of
+the time left measures them early (xdbert.finetuning.control.progress). With
 `finetune.stack` above 1, a job's seeds go in fixed groups of that many, in the order the params list
 them, and each group trains as one stacked model (`xdbert.finetuning.compute.stacked`).
 
@@ -27,7 +29,7 @@ from xdbert.finetuning.compute.job import Job
 from xdbert.finetuning.compute.keys import groups, run_key
 from xdbert.finetuning.compute.stacked import Group, train_group
 from xdbert.finetuning.control import cores
-from xdbert.finetuning.control.progress import TICK_S, Progress
+from xdbert.finetuning.control.progress import TICK_S, Progress, probing_order
 from xdbert.finetuning.control.sizes import compute_parameters
 from xdbert.numerics import FINETUNING_THREADS
 
@@ -86,8 +88,8 @@ def run_seeds(job: Job, seeds: list[int]) -> list[dict]:
 def cost(job: Job, group: Group) -> float:
     """A run's expected cost, in proportion to its training FLOPs: the model's parameters less its token
     embeddings (`compute_parameters`) times the tokens it trains on (BERT tokens and CLIP ids, every epoch),
-    for each seed of the group. The grid orders its runs by it, longest first, and weighs its progress with
-    it (xdbert.finetuning.control.progress)."""
+    for each seed of the group. The grid orders its runs by it, longest first, and its log estimates a run's
+    time from the measured times of runs of about its cost (xdbert.finetuning.control.progress)."""
     train = job.data["train"]
     tokens = sum(int(r.offsets[-1]) for r in train.inputs.values()) + (0 if train.clip_ids is None else train.clip_ids.size)
     return float(compute_parameters(job.model_path)) * tokens * job.hyperparameters.epochs * len(group)
@@ -119,12 +121,16 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto",
         if finished and not groups_left[run[0]]:
             finished(run[0], _seed_order(done, run[0], work[run[0]][1]))
 
-    progress = Progress(sum(len(group) for _, group in todo), sum(costs[run] for run in todo))
+    progress = Progress()
+
+    def kind(run: tuple[int, Group]) -> str:
+        return jobs[run[0]].model_kind
 
     def begin(workers: int) -> None:
         """The plan, then the jobs that are all reused."""
         progress.plan(total=sum(len(seeds) for _, seeds in work), reused=sum(len(group) for _, group in done),
-                      workers=workers, timed=[(len(run[1]), costs[run], timed(results)) for run, results in done.items()])
+                      workers=workers, order=[(run, len(run[1]), costs[run], kind(run)) for run in todo],
+                      timed=[(kind(run), costs[run], timed(results)) for run, results in done.items()])
         for run, results in list(done.items()):
             finish(run, results)
 
@@ -140,6 +146,7 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto",
         try:
             stack = max(len(group) for _, group in todo)  # a stack holds that many runs' weights and states
             n, gpu_each = engine.plan(len(todo), workers, stack * engine.run_gib([job.model_path for job in jobs]))
+            todo = probing_order(todo, n, kind)  # a few small runs early, for the estimate of the time left
             begin(workers=n)
             shared = engine.share(jobs)
             actors = engine.start_workers(n, gpu_each)
@@ -150,17 +157,18 @@ def run_grid(work: list[tuple[Job, list[int]]], workers: int | str = "auto",
             # A cluster's workers may compute on another device than this machine: look again under theirs.
             for device in {w["device"] for w in placed} - {local}:
                 found = {run: results for run in todo if (results := cached(jobs[run[0]], run[1], device)) is not None}
-                progress.skip(sum(len(group) for _, group in found), sum(costs[run] for run in found), device)
+                progress.skip(list(found), device)
                 for run, results in found.items():
                     finish(run, results)
                 todo = [run for run in todo if run not in found]
+            progress.start_runs()
             for ended in engine.results(actors, shared, todo, tick_s=TICK_S):
                 if ended is None:
                     progress.tick()
                     continue
                 i, group, results = ended
                 finish((i, group), keep(jobs[i], group, results))
-                progress.done(len(group), costs[(i, group)], timed(results))
+                progress.done((i, group), timed(results))
         finally:
             if started:
                 engine.disconnect()
