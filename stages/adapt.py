@@ -19,25 +19,43 @@ alone writes the outputs and removes the checkpoint.
 import contextlib
 import subprocess
 import sys
+from typing import NamedTuple
 
 from xdbert import io, params, paths, runlog
-from xdbert.adaptation.settings import AdaptSettings, setting_key
+from xdbert.adaptation.settings import CAPTION_TEXTS, AdaptSettings, setting_key
+from xdbert.data.caption_mix import attribute_words, caption_share
 from xdbert.errors import PipelineError
 from xdbert.model.families import ablation_family
 from xdbert.model.settings import ModelSettings
 from xdbert.stage import run
 
 
-def read(p: dict, family: str, variant: str) -> tuple[str, ModelSettings, AdaptSettings, dict[str, str]]:
-    """(profile, model, settings, the full keys its `clip_heads` and `text` come from, for the errors that name
-    them): every param this stage reads, checked; tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
+class Plan(NamedTuple):
+    """What `read` checked."""
+
+    profile: str
+    model: ModelSettings
+    settings: AdaptSettings
+    keys: dict[str, str]             # the full keys `clip_heads`, `text`, `attribute_mlm_prob` come from, for errors
+    caption_share: float | None      # the caption control's share of caption windows (None: it reads the corpus)
+    attributes: tuple[str, ...]      # the words `attribute_mlm_prob` masks (none where it is 0)
+
+
+def read(p: dict, family: str, variant: str) -> Plan:
+    """Every param this stage reads, checked; tools/dvc_yaml.py records them for its `params:` in dvc.yaml."""
     model = ModelSettings.from_params(p, family)
     settings = AdaptSettings.from_params(p, variant)
     ablated = ablation_family(p).name
     if variant not in (params.PROPOSED, params.BASELINE) and family != ablated:
         raise PipelineError(f"the ablation variant {variant!r} is adapted on `adapt.family` ({ablated}) only; "
                             f"family {family!r} has {params.PROPOSED} and {params.BASELINE}")
-    return p["profile"], model, settings, {key: setting_key(p, variant, key) for key in ("clip_heads", "text")}
+    keys = {key: setting_key(p, variant, key) for key in ("clip_heads", "text", "attribute_mlm_prob")}
+    mix = caption_share(p) if settings.text in CAPTION_TEXTS else None
+    attributes = attribute_words(p) if settings.attribute_mlm_prob > 0 else ()
+    if settings.attribute_mlm_prob > 0 and not attributes:
+        raise PipelineError(f"`{keys['attribute_mlm_prob']}` is {settings.attribute_mlm_prob}, but `mechanism.patterns` "
+                            f"names no attribute words to mask: set it to 0, or list the words")
+    return Plan(p["profile"], model, settings, keys, mix, attributes)
 
 
 def main() -> None:
@@ -45,15 +63,17 @@ def main() -> None:
         raise PipelineError("usage: python stages/adapt.py FAMILY VARIANT (a key of `families`; xdbert, baseline or a "
                             "key of adapt.variants)")
     family, variant = sys.argv[1:]
-    profile, model, settings, keys = read(params.load(), family, variant)
+    plan = read(params.load(), family, variant)
+    profile, model, settings, keys = plan.profile, plan.model, plan.settings, plan.keys
     name = f"{family}/{variant}"
     stage = {params.PROPOSED: f"adapt@{family}", params.BASELINE: f"adapt_baseline@{family}"}.get(variant, f"ablate@{variant}")
 
     from xdbert.data import shards
 
     manifest = shards.read_manifest(paths.SHARDS)
-    if settings.text == "captions" and not paths.CAPTIONS_JSON.is_file():
-        raise PipelineError(f"missing {paths.CAPTIONS_JSON}, the captions `{keys['text']}: captions` trains on: run "
+    caption_file = {"captions": paths.CAPTIONS_JSON, "captions_nofacts": paths.CAPTIONS_NOFACTS_JSON}.get(settings.text)
+    if caption_file is not None and not caption_file.is_file():
+        raise PipelineError(f"missing {caption_file}, the captions `{keys['text']}: {settings.text}` trains on: run "
                             f"`dvc repro captions`")
     # Heavy imports after the params and the manifest are known to be good: a typo or a missing input
     # fails in a second.
@@ -70,12 +90,13 @@ def main() -> None:
     from dvclive import Live
     from transformers import AutoTokenizer
 
-    from xdbert.adaptation.captions import caption_windows
+    from xdbert.adaptation.captions import caption_windows, with_corpus
     from xdbert.adaptation.loop import BatchMaker, adapt, total_steps
     from xdbert.clip import clip_special_ids
     from xdbert.data.provided import read_coco_captions
     from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
     from xdbert.data.tokenization.vocab import check_shared_vocabulary
+    from xdbert.data.tokenization.word_ids import single_ids
     from xdbert.model.build import build_xdbert, check_clip_heads
     from xdbert.model.modeling import PARTS, count_parameters
     from xdbert.model.saving import save_adapted, save_full
@@ -92,16 +113,21 @@ def main() -> None:
     _, eot = clip_special_ids(model.clip)
     steps = total_steps(len(train), settings)  # the corpus's: the caption control takes as many over its windows
     windows = train
-    if settings.text == "captions":
-        windows = caption_windows(read_coco_captions(paths.CAPTIONS_JSON), manifest, tok.backend_tokenizer.to_str(),
-                                  clip_fast_tokenizer(model.clip).to_str())
-        print(f"{stage}: {len(windows):,} caption windows from {paths.CAPTIONS_JSON}, {steps} steps "
-              f"({steps * settings.batch_size / len(windows):.2f} passes)", flush=True)
+    if caption_file is not None:
+        captions = caption_windows(read_coco_captions(caption_file), manifest, tok.backend_tokenizer.to_str(),
+                                   clip_fast_tokenizer(model.clip).to_str())
+        windows = with_corpus(captions, train, plan.caption_share)
+        print(f"{stage}: {len(captions):,} caption windows from {caption_file} and {len(windows) - len(captions):,} "
+              f"corpus windows, {steps} steps ({steps * settings.batch_size / len(windows):.2f} passes)", flush=True)
+    try:
+        attribute_ids = single_ids(tok, plan.attributes, "attribute word")
+    except ValueError as e:
+        raise PipelineError(f"`{keys['attribute_mlm_prob']}`: {e}") from None
 
     xdbert = build_xdbert(model, settings, vocab_size=len(tok), clip_blocks=manifest["n_blocks"], clip_eot_id=eot,
                           splits=(train, valid), clip_tower=paths.MODELS / settings.clip_tower)
-    make_batch = BatchMaker(settings, manifest["n_blocks"], vocab_size=len(tok), special_ids=tok.all_special_ids,
-                            mask_id=tok.mask_token_id, eot_id=eot)
+    make_batch = BatchMaker(settings, manifest["n_blocks"], attribute_ids, vocab_size=len(tok),
+                            special_ids=tok.all_special_ids, mask_id=tok.mask_token_id, eot_id=eot)
     checkpoint = paths.adapt_checkpoint(family, variant)
     # The plots (a DVC output) are written aside and renamed when training ends: a run that fails
     # (a damaged checkpoint, a full disk) leaves the last complete plots, and a resumed run replays its

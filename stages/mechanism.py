@@ -1,4 +1,5 @@
-"""Stage `mechanism`: do CLIP's facts reach the encoder? Gates A-E of the mechanism study (issue 55).
+"""Stage `mechanism`: do CLIP's facts reach the encoder? The calibration ladder and gates A-E of the mechanism
+study (issues 55 and 68): settings read here, every number from xdbert/analysis/mechanism_study.py.
 
     deps:   models/pretrain_clip, models/pretrain_clip_nofacts (the facts tower and its twin),
             models/pretrain_encoder, models/adapted, models/crossmodal (<adapt.family>/<name>), models/tokenizer,
@@ -6,42 +7,19 @@
     outs:   reports/mechanism.md, results/mechanism.json (metrics)
 
 With `mechanism.enabled: false` (the paper profile) it writes a short report saying the study is off, and
-nothing else. The design: ../shared/MECHANISM.md; the numbers: xdbert/analysis/mechanism.py and
-mechanism_stats.py; the probe: xdbert/analysis/probe.py over analysis/representations.py's features.
+nothing else. The design: ../shared/MECHANISM.md.
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
-from typing import NamedTuple
-
 from xdbert import io
 from xdbert import params as P
-from xdbert.data.mechanism import CAPTION_MLM, NOFACTS, VIS, MechanismSettings
+from xdbert.analysis.mechanism_study import NEEDED, Plan, check_inputs, replication_claim, study
+from xdbert.data.mechanism import VIS, MechanismSettings
 from xdbert.errors import PipelineError
-from xdbert.finetuning.control.runs import Run, Study
+from xdbert.finetuning.control.runs import Study
 from xdbert.model.families import ablation_family
-from xdbert.paths import (
-    CORPUS, MECHANISM_METRICS, MODELS, PRETRAIN_CLIP, PRETRAIN_CLIP_NOFACTS, TASKS, TOKENIZER, VIS_KINDS, adapted,
-    crossmodal, predictions, pretrain_encoder, report,
-)
+from xdbert.paths import MECHANISM_METRICS, report
 from xdbert.stage import run
-
-REPLICATIONS = Path("inputs/replications")  # gate D's runs on other facts: a dep of this stage, so a changed one reruns it
-CONTEXT_WINDOW = 5   # the corpus baseline's context: words within 5 of the object, where a stated fact would sit
-TOWERS = {PRETRAIN_CLIP.name: "clip_t", PRETRAIN_CLIP_NOFACTS.name: "clip_nofacts_t"}  # tower -> its CLIP-T row
-NEEDED = {"clip_t": "gate A", "clip_nofacts_t": "gate A", "full_xdbert": "gate B", "full_nofacts": "gate B",
-          "baseline": "gate C", P.PROPOSED: "gates D and E", NOFACTS: "gates D and E"}
-
-
-class Plan(NamedTuple):
-    """What `read` checked: the stage's whole plan."""
-
-    profile: str
-    s: MechanismSettings
-    family: str                 # adapt.family: the encoders and whole models of the study
-    tasks_seed: int             # the tasks stage's seed: the vis examples of each bag-of-words facts seed
-    runs: dict[str, dict[str, Run]]  # vis and the control task -> row label -> run (empty when the study is off)
 
 
 def read(p: dict) -> Plan:
@@ -57,58 +35,6 @@ def read(p: dict) -> Plan:
                             f"`mechanism.models`, `mechanism.full_models` (as the name after full_) or "
                             f"`mechanism.clip_towers`")
     return Plan(p["profile"], s, family, tasks_seed, runs)
-
-
-def model_folders(plan: Plan) -> dict[str, tuple[Path, str]]:
-    """Every model the probe reads, by its probe row name: (its folder, the file a complete one has)."""
-    from xdbert.model.files import CLIP_CONFIG, CROSSMODAL_CONFIG
-
-    s, fam = plan.s, plan.family
-    folders = {f"tower {t}": (MODELS / t, CLIP_CONFIG) for t in s.clip_towers}
-    folders.update({f"tower after adaptation, {m}": (crossmodal(fam, m), CROSSMODAL_CONFIG) for m in (P.PROPOSED, NOFACTS)})
-    folders["pretrain_encoder"] = (pretrain_encoder(fam), "config.json")
-    folders.update({m: (adapted(fam, m), "config.json") for m in s.models})
-    return folders
-
-
-def check_inputs(plan: Plan, control_split: str) -> None:
-    """Every file the stage reads is there before any work: one PipelineError naming the first missing."""
-    for name, (folder, marker) in model_folders(plan).items():
-        if not (folder / marker).is_file():
-            raise PipelineError(f"missing model folder {folder} (no {marker}) for the probe row `{name}`: run the stage "
-                                f"that writes it (`dvc repro`)")
-    files = [TOKENIZER / "tokenizer_config.json", CORPUS / "train.parquet",
-             *(TASKS / VIS / f for f in ("train.parquet", "dev.parquet", VIS_KINDS)),
-             TASKS / plan.s.control_task / f"{control_split}.parquet"]
-    files += [predictions(task, r.name) for task, rows in plan.runs.items() for r in rows.values()]
-    if plan.s.replication:
-        if Path(plan.s.replication).parent != REPLICATIONS:
-            raise PipelineError(f"`mechanism.replication` must name a file in {REPLICATIONS}/, the folder this stage "
-                                f"depends on (so that a changed file reruns it), or be \"\"; got {plan.s.replication!r}")
-        files.append(Path(plan.s.replication))
-    for f in files:
-        if not f.is_file():
-            raise PipelineError(f"missing file {f}: run the stage that writes it first (`dvc repro`)"
-                                + (" or fix `mechanism.replication`" if str(f) == plan.s.replication else ""))
-
-
-def replication_claim(path: str, seed: int):
-    """Gate D's Claim on other facts (seed 1), from a results/mechanism.json this stage wrote; None where not run.
-    A run on the study's own facts seed would replicate nothing: refused."""
-    from xdbert.analysis.mechanism import claim_from_json
-
-    if not path:
-        return None
-    try:
-        result = io.read_json(path)
-        claim, facts_seed = claim_from_json(result["claim"]), result["facts_seed"]
-    except (KeyError, TypeError, ValueError) as e:
-        raise PipelineError(f"`mechanism.replication`: {path} holds no claim of a mechanism stage run ({e!r}); name "
-                            f"a results/mechanism.json of the study on facts seed 1, or \"\"") from None
-    if facts_seed == seed:
-        raise PipelineError(f"`mechanism.replication`: {path} is a run on facts seed {seed}, this study's own; D's "
-                            f"replication needs the facts reassigned (`mechanism.seed: 1`), or \"\"")
-    return claim
 
 
 def main() -> None:
@@ -127,152 +53,11 @@ def main() -> None:
     control_split = get_task(s.control_task).dev_splits[0]
     check_inputs(plan, control_split)
     replication = replication_claim(s.replication, s.seed)
-    result, markdown = study(plan, control_split, replication)
+    result, markdown = study(plan, control_split, replication, header)
     io.write_json(MECHANISM_METRICS, result)
     io.write_text(report("mechanism"), markdown)
     for g in result["gates"].values():
         print(f"mechanism gate {g['name']}: {g['state']}: {g['numbers']}")
-
-
-def study(plan: Plan, control_split: str, replication) -> tuple[dict, str]:
-    """(results/mechanism.json, reports/mechanism.md): every number of the study."""
-    import numpy as np
-    from transformers import AutoModel
-
-    from xdbert.analysis import mechanism as M
-    from xdbert.analysis import mechanism_stats as S
-    from xdbert.analysis import probe
-    from xdbert.analysis.grounding import compare_models
-    from xdbert.analysis.representations import (
-        bag_of_words_predictions, context_counts, encoder_features, neutral_sentences, tower_features,
-    )
-    from xdbert.clip import clip_tokenizer
-    from xdbert.data.synthetic.world import vis_examples
-    from xdbert.data.tasks.registry import get_task
-    from xdbert.data.tokenization.vocab import load_encoder_tokenizer
-    from xdbert.finetuning.control.predictions import RERUN, read_predictions
-    from xdbert.model.saving import load_clip_tower, load_full
-    from xdbert.reports.header import header
-
-    s, g, seed = plan.s, plan.s.gates, plan.s.seed
-    facts = s.facts()
-    attributes = list(facts.attributes)
-    objects = facts.captioned()
-    classes = np.array([attributes.index(facts.real[o.sing]) for o in objects])
-    words = [o.sing for o in objects]
-    frames = neutral_sentences(s.sentences)
-
-    # The representation probe: towers before and after adaptation, every encoder, the corpus baseline
-    def probed(features):
-        return M.probe_row(features, classes, len(attributes), g["lambda"], g["n_perm"], seed)
-
-    probes, tok_name = {}, None
-    for tower in s.clip_towers:
-        t, cfg = load_clip_tower(MODELS / tower)
-        tok_name = cfg["clip"]
-        probes[f"tower {tower}"] = probed(tower_features(t, clip_tokenizer(tok_name), words, frames))
-    for m in (P.PROPOSED, NOFACTS):
-        full = load_full(crossmodal(plan.family, m))
-        probes[f"tower after adaptation, {m}"] = probed(tower_features(full.clip, clip_tokenizer(tok_name), words, frames))
-    tok = load_encoder_tokenizer(str(TOKENIZER))
-    for name in ("pretrain_encoder", *s.models):
-        folder = pretrain_encoder(plan.family) if name == "pretrain_encoder" else adapted(plan.family, name)
-        probes[name] = probed(encoder_features(AutoModel.from_pretrained(str(folder)), tok, words, frames))
-    corpus = io.read_parquet(CORPUS / "train.parquet", "run `dvc repro corpus`").column("text").to_pylist()
-    sentences = [x for doc in corpus for x in re.split(r"(?<=[.!?])\s+", doc) if x]
-    probes["corpus (context words)"] = probed([context_counts(sentences, objects, CONTEXT_WINDOW)])
-    at = {name: M.probe_at(rows, g["probe_layer"]) for name, rows in probes.items()}
-    flip_p = probe.sign_flip_p(np.array(at[P.PROPOSED]["correct"]), np.array(at[NOFACTS]["correct"]), g["n_flip"], seed)
-
-    # The cells: every row on vis (by kind) and on the control task
-    kinds_table = io.read_parquet(TASKS / VIS / VIS_KINDS, "run `dvc repro tasks`").to_pandas()
-    kinds_table = kinds_table.sort_values("idx")
-    idx = kinds_table["idx"].to_numpy()
-    kinds, owners = kinds_table["kind"].to_numpy(), kinds_table["object"].to_numpy()
-    dev = io.read_parquet(TASKS / VIS / "dev.parquet", "run `dvc repro tasks`").to_pandas().set_index("idx")
-    control_dev = io.read_parquet(TASKS / s.control_task / f"{control_split}.parquet", "run `dvc repro tasks`")
-    correct, preds = {}, {}
-    for label, r in plan.runs[VIS].items():
-        try:
-            preds[label] = read_predictions(predictions(VIS, r.name))
-            vis = M.correct_matrix(preds[label], "dev", idx)[1]
-            on_control = predictions(s.control_task, plan.runs[s.control_task][label].name)
-            control = M.correct_matrix(read_predictions(on_control), control_split)[1]
-        except ValueError as e:
-            raise PipelineError(f"{e}; {RERUN}") from None
-        correct[label] = (vis, control)
-    rows = {label: M.cells(vis, owners, kinds, control, g, seed) for label, (vis, control) in correct.items()}
-    n = M.units(owners, kinds, next(iter(correct.values()))[1].shape[1])
-    labels = dev.loc[idx, "label"].to_numpy().astype(int)
-    chance = {**M.majority(labels, kinds, len(attributes)),
-              **M.majority(np.asarray(control_dev.column("label").to_pylist(), dtype=int), None,
-                           get_task(s.control_task).num_labels)}
-
-    def diff(a, b, kind):
-        on_vis = kind is not None
-        return M.difference(correct[a][0 if on_vis else 1], correct[b][0 if on_vis else 1],
-                            owners if on_vis else None, kinds if on_vis else None, kind, g, seed)
-
-    # The bag-of-words row: F+ pooled over facts seeds, each with its own vis examples
-    right = total = 0
-    for bow_seed in s.bow_seeds:
-        examples, meta = vis_examples(s.facts(bow_seed), n_train=s.vis["train"], n_f_plus=s.vis["f_plus"],
-                                      n_f_zero=s.vis["f_zero"], n_t=s.vis["t"], seed=plan.tasks_seed)
-        guess = bag_of_words_predictions([(r[0], r[3]) for r in examples["train"]], [r[0] for r in examples["dev"]],
-                                         len(attributes), g["lambda"])
-        f_plus = np.array([m["kind"] == "F+" for m in meta])
-        gold = np.array([r[3] for r in examples["dev"]])
-        right += int((guess == gold)[f_plus].sum())
-        total += int(f_plus.sum())
-    bow_accuracy, bow_p = M.bag_of_words(right, total, len(attributes))
-    bow = {"seeds": list(s.bow_seeds), "accuracy": bow_accuracy, "p": bow_p, "right": right, "total": total,
-           "null": "one-sided binomial against chance 1/attributes"}
-
-    # Gate E: XDBERT against nofacts, example by example, on the F examples
-    is_f = np.isin(kinds, ("F+", "F0"))
-    f_idx = set(idx[is_f].tolist())
-    keep = lambda df: df[(df["split"] == "dev") & df["idx"].isin(f_idx)]  # noqa: E731
-    change = compare_models(keep(preds[NOFACTS]), keep(preds[P.PROPOSED]), (NOFACTS, P.PROPOSED))
-    counts = M.gate_e_counts(change, dict(zip(idx.tolist(), kinds.tolist())))
-
-    claim = S.Claim(diff(P.PROPOSED, NOFACTS, "F+"), diff(P.PROPOSED, NOFACTS, "T="), diff(P.PROPOSED, NOFACTS, None),
-                    flip_p)
-    tower = at[f"tower {PRETRAIN_CLIP.name}"]
-    gates = [S.gate_a(diff("clip_t", "clip_nofacts_t", "F+"), tower["accuracy"], tower["p"], g),
-             S.gate_b(diff("full_xdbert", "full_nofacts", "F+")),
-             S.gate_c({"corpus": (at["corpus (context words)"]["accuracy"], at["corpus (context words)"]["p"]),
-                       "baseline": (at["baseline"]["accuracy"], at["baseline"]["p"]),
-                       "pretrain_encoder": (at["pretrain_encoder"]["accuracy"], at["pretrain_encoder"]["p"]),
-                       "bag-of-words": (bow_accuracy, bow_p)}, g),
-             S.gate_d(claim, replication, g),
-             S.gate_e(*counts, g)]
-    # the caption control reads the facts directly: whether even it shows them tells what a null D means
-    reference = diff(CAPTION_MLM, P.BASELINE, "F+") if CAPTION_MLM in correct else None
-
-    settings = {"facts seed (`mechanism.seed`)": s.seed, "gates (`mechanism.gates`)": ", ".join(f"{k} {v}" for k, v in g.items()),
-                "probe objects": f"{len(objects)} captioned (train + dev_captioned), {s.sentences} neutral sentences",
-                "corpus baseline": f"context-word counts within {CONTEXT_WINDOW} words over {CORPUS}/train.parquet",
-                "bag-of-words null": "one-sided binomial against chance 1/attributes, F+ pooled over the facts seeds",
-                "gate E": "improved / worsened per F example (F+, F0) as grounding.compare_models counts them, "
-                          "tested by kind alone: no grounded-word ratio is computed, so attribute words enter no "
-                          "grounded-word set",
-                "replication (`mechanism.replication`)": s.replication or "not run"}
-    result = {"profile": plan.profile, "enabled": True, "facts_seed": s.seed, "thresholds": dict(g),
-              "summary": S.summary(gates, reference),
-              **({"upper_reference": M.interval_json(reference)} if reference else {}),
-              "gates": {x.name: {"name": x.name, "state": x.state, "passed": x.passed, "numbers": x.numbers,
-                                 **({"interval": M.interval_json(x.interval)} if x.interval else {})} for x in gates},
-              "claim": M.claim_json(claim), "gate_e": dict(zip(("improved_f_plus", "improved_f0", "worsened_f_plus",
-                                                                 "worsened_f0"), counts)),
-              "cells": {label: {c: M.interval_json(i) for c, i in r.items()} for label, r in rows.items()},
-              "n": n, "chance": chance, "bag_of_words": bow,
-              "probe": {name: {"probe_layer": at[name]["layer"], "layers": rows_} for name, rows_ in probes.items()}}
-    seeds = sorted({int(x) for x in preds[P.PROPOSED]["seed"].unique()})
-    head = header("The mechanism study: do CLIP's facts reach the encoder?", plan.profile,
-                  ", ".join(plan.runs[VIS]), ", ".join(map(str, seeds))) + f"\n{S.summary(gates, reference)}\n"
-    shown = {name: {k: v for k, v in r.items() if k != "correct"} for name, r in at.items()}
-    notes = {CAPTION_MLM: "upper reference: the baseline's MLM and steps on the captions, where the facts are stated"}
-    return result, M.report_markdown(head, gates, rows, n, chance, bow, shown, settings, s.control_task, notes, reference)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from adapt_repo import CLIP, TINY_BERT, build_repo
-from xdbert.adaptation.captions import caption_windows
+from xdbert.adaptation.captions import caption_windows, with_corpus
 from xdbert.adaptation.loop import BatchMaker, adapt, total_steps
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.data import shards
@@ -75,11 +75,12 @@ def test_caption_windows_are_the_captions_packed_in_windows_of_the_shards_length
 
 
 def caption_settings(**kw) -> AdaptSettings:
-    """The embedded profile's caption_mlm variant, with tiny batches and no warmup."""
+    """The embedded profile's caption_mlm variant, with tiny batches, one epoch's steps and no warmup (and the
+    attribute words no more often than any word: the tiny vocabulary cuts them into pieces)."""
     s = AdaptSettings.from_params(values("embedded"), "caption_mlm")
     assert (s.text, s.losses, s.cross_layers) == ("captions", ["mlm"], 0)
     return dataclasses.replace(s, **{"warmup_ratio": 0.0, "batch_size": 4, "micro_batch_size": 4, "eval_windows": 4,
-                                     "checkpoint_every": 1000, **kw})
+                                     "checkpoint_every": 1000, "attribute_mlm_prob": 0.0, "epochs": 1, **kw})
 
 
 def mlm_model(vocab_size: int) -> XDBertModel:
@@ -109,10 +110,10 @@ def test_a_caption_run_takes_the_corpus_runs_steps_cycling_through_its_windows(c
     corpus_windows = len(windows) * 2 + 3  # more corpus windows than caption windows: the captions cycle
     steps = total_steps(corpus_windows, s)
     assert steps == -(-corpus_windows // 4)
-    for profile in ("embedded", "paper"):  # the variant keeps the baseline's batches and epochs: the same steps
+    for profile, epochs in (("embedded", 10), ("paper", 1)):  # the baseline's batches, `epochs` of its steps
         p = values(profile)
         assert total_steps(10_000, AdaptSettings.from_params(p, "caption_mlm")) == \
-            total_steps(10_000, AdaptSettings.from_params(p, "baseline"))
+            epochs * total_steps(10_000, AdaptSettings.from_params(p, "baseline"))
     seen = Seen(windows)
     make = BatchMaker(s, manifest["n_blocks"], vocab_size=len(tok), special_ids=tok.all_special_ids,
                       mask_id=tok.mask_token_id, eot_id=49407)
@@ -180,7 +181,7 @@ def test_captions_with_cross_layers_match_or_cliptc_are_refused(override, got):
         AdaptSettings.from_params(p, "xdbert")
 
 
-def run_stage(folder: Path, repo: Path, captions: list[str], monkeypatch) -> tuple[dict, dict]:
+def run_stage(folder: Path, repo: Path, captions: list[str], monkeypatch, **variant) -> tuple[dict, dict]:
     """`python stages/adapt.py bert caption_mlm`, in this process, in `folder` with the tiny repo's shards and
     models and `captions` as data/captions/captions.json: (its metrics, the adapted encoder's weights)."""
     import runpy
@@ -190,6 +191,7 @@ def run_stage(folder: Path, repo: Path, captions: list[str], monkeypatch) -> tup
     params = values("embedded")
     params["model"].update(encoder="random:bert", encoder_config=dict(TINY_BERT), clip=CLIP, clip_pretrained="")
     params["adapt"].update(batch_size=8, micro_batch_size=8, eval_windows=8, checkpoint_every=2)
+    params["adapt"]["variants"]["caption_mlm"].update({"epochs": 1, "attribute_mlm_prob": 0.0, **variant})
     (folder / "data" / "captions").mkdir(parents=True)
     (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
     (folder / "data" / "shards").symlink_to(repo / "data" / "shards", target_is_directory=True)
@@ -210,10 +212,38 @@ def test_the_stage_adapts_on_the_captions_for_the_baselines_steps(repo, captions
     text, windows, _, manifest = captions
     metrics, weights = run_stage(tmp_path / "a", repo, text, monkeypatch)
     n_train = manifest["splits"]["train"]["windows"]
-    assert (metrics["text"], metrics["train_windows"]) == ("captions", len(windows)) and len(windows) != n_train
+    # as many corpus windows beside the captions as `mechanism.caption_share` (0.5) asks
+    assert (metrics["text"], metrics["train_windows"]) == ("captions", 2 * len(windows)) and len(windows) != n_train
     assert metrics["steps"] == -(-n_train // 8)  # the baseline's: one pass over the corpus windows
-    assert f"{len(windows):,} caption windows from data/captions/captions.json" in capsys.readouterr().out
+    assert (f"{len(windows):,} caption windows from data/captions/captions.json and {len(windows):,} corpus windows"
+            in capsys.readouterr().out)
     # other captions, the same steps, other weights: the run learns from the captions, not the corpus
     other_metrics, other = run_stage(tmp_path / "b", repo, generate_captions(120, seed=1), monkeypatch)
     assert other_metrics["steps"] == metrics["steps"] and other.keys() == weights.keys()
     assert any(not torch.equal(other[k], weights[k]) for k in weights)
+
+
+def test_the_caption_windows_go_beside_corpus_windows_at_the_share(captions, repo):
+    """Every caption window, then corpus windows in order (wrapping round) up to `caption_share` of the whole:
+    the control keeps reading the corpus (issue 68: on captions alone its corpus MLM accuracy fell to 0.22)."""
+    _, windows, _, _ = captions
+    corpus = shards.open_shards(repo / "data" / "shards", "train")
+    for share, n_corpus in ((0.5, len(windows)), (0.25, 3 * len(windows)), (1.0, 0)):
+        mixed = with_corpus(windows, corpus, share)
+        assert len(mixed) == len(windows) + n_corpus
+        rows, caption_rows = mixed[np.arange(len(mixed))], windows[np.arange(len(windows))]
+        assert (rows["bert_ids"][:len(windows)] == caption_rows["bert_ids"]).all()
+        order = np.arange(n_corpus) % len(corpus)
+        assert (rows["bert_ids"][len(windows):] == corpus[order]["bert_ids"]).all()
+    assert with_corpus(windows, corpus, 0.5).manifest["content_sha256"] != windows.manifest["content_sha256"]
+
+
+def test_attribute_words_the_vocabulary_cuts_are_refused_by_name(repo, captions, tmp_path, monkeypatch, capsys):
+    """`attribute_mlm_prob` masks whole attribute words: a vocabulary that cuts one into pieces is named, before any
+    step is taken, with exit status 2."""
+    with pytest.raises(SystemExit) as e:
+        run_stage(tmp_path / "a", repo, captions[0], monkeypatch, attribute_mlm_prob=0.5)
+    assert e.value.code == 2
+    assert ("`adapt.variants.caption_mlm.attribute_mlm_prob`: the attribute word 'striped' is the tokens ['st', "
+            in capsys.readouterr().err)
+    assert not (tmp_path / "a" / "models" / "adapted").exists()

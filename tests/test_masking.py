@@ -66,6 +66,24 @@ def test_mlm_share_and_80_10_10():
     assert not torch.isin(random_tokens, torch.tensor(SPECIAL)).any() and (random_tokens < VOCAB).all()
 
 
+def test_focus_words_are_targets_at_their_own_rate_and_off_leaves_the_batches_alone():
+    """The upper reference's attribute words (issue 68): each one a target with `focus_prob`, the other tokens at
+    `prob`; with no focus no extra number is drawn, so every other variant's batches stay byte for byte."""
+    ids, mask = bert_batch()
+    focus = [10, 11, 12, 13]
+    ids[:, 7] = torch.where(mask[:, 7].bool(), torch.tensor(focus)[torch.arange(len(ids)) % 4], PAD)
+    kw = dict(vocab_size=VOCAB, special_ids=SPECIAL, mask_id=MASK)
+    _, labels = mask_for_mlm(ids, mask, generator=gen(), focus_ids=focus, focus_prob=0.5, **kw)
+    is_focus = torch.isin(ids, torch.tensor(focus)) & mask.bool()
+    rate = (labels[is_focus] != -100).double().mean().item()
+    others = mask.bool() & ~torch.isin(ids, torch.tensor(SPECIAL)) & ~is_focus
+    assert abs(rate - 0.5) < 0.06 and is_focus.sum() > 500
+    assert abs((labels[others] != -100).double().mean().item() - 0.15) < 0.01
+    plain = mask_for_mlm(ids, mask, generator=gen(), **kw)
+    for off in ({"focus_ids": focus, "focus_prob": 0.0}, {"focus_ids": (), "focus_prob": 0.5}):
+        assert all(torch.equal(a, b) for a, b in zip(plain, mask_for_mlm(ids, mask, generator=gen(), **kw, **off)))
+
+
 def test_mlm_never_targets_specials_or_padding():
     ids, mask = bert_batch()
     _, labels = mask_for_mlm(ids, mask, vocab_size=VOCAB, special_ids=SPECIAL, mask_id=MASK, generator=gen(1))

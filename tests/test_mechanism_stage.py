@@ -14,6 +14,7 @@ import yaml
 from conftest import load_stage
 
 from xdbert import paths
+from xdbert.analysis.mechanism_study import REPLICATIONS
 from xdbert.data.synthetic.world import vis_examples
 from xdbert.errors import PipelineError
 from xdbert.profiles import values
@@ -87,6 +88,9 @@ def build_project(root, leak: bool = False, d_holds: bool = False) -> dict:
                                           "intermediate_size": 64, "max_position_embeddings": 64})
     for m in ("xdbert", "nofacts"):
         save_full(XDBertModel.build(config), root / paths.crossmodal(fam, m))
+    alone = XDBertConfig(**{**config.to_dict(), "cross_layers": 0, "losses": ["mlm"]})
+    for m in ("baseline", "caption_mlm"):  # rung M asks them with their own MLM head: random ones know no fact
+        save_full(XDBertModel.build(alone), root / paths.crossmodal(fam, m))
     bert = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                       intermediate_size=64, max_position_embeddings=64)
     for name, folder in [("pretrain_encoder", paths.pretrain_encoder(fam))] + [(m, paths.adapted(fam, m)) for m in s.models]:
@@ -155,17 +159,22 @@ def test_stage_writes_every_gate_with_its_numbers(clean, monkeypatch):
     md, result = run_stage(clean, monkeypatch)
     for gate in "ABCDE":
         assert f"| {gate} | " in md
-        assert result["gates"][gate]["state"] in ("PASS", "FAIL", "not replicated")
+        assert result["gates"][gate]["state"] in ("PASS", "FAIL", "not replicated", "uninformative")
         assert result["gates"][gate]["numbers"]
     assert "CLIP-T(facts) - CLIP-T(twin) on F+" in md and "full XDBERT - full nofacts" in md
     assert "corpus" in result["gates"]["C"]["numbers"] and "bag-of-words" in result["gates"]["C"]["numbers"]
     assert result["gates"]["C"]["state"] == "PASS"   # nothing leaks: random models, a corpus without facts
-    assert result["gates"]["D"]["state"] == "FAIL" and "D is null" in md
+    # the ladder comes first; random references hold no fact, so M fails and D is not read (never FAIL)
+    assert md.index("## Calibration ladder") < md.index("## Gates") and "| M | " in md and "| R | " in md
+    assert result["ladder"]["M"]["state"] == "FAIL" and result["ladder"]["R"]["state"] == "FAIL"
+    assert result["gates"]["D"]["state"] == "uninformative" and "rung M failed, so D is not read" in md
+    m = result["memorized"]["caption_mlm"]
+    assert 0 <= m["real_accuracy"] <= 1 and m["difference"]["low"] <= 0 <= m["difference"]["high"]
     for row in ("baseline", "xdbert", "nofacts", "full_xdbert", "full_nofacts", "clip_t", "clip_nofacts_t"):
         assert f"| {row} |" in md and set(result["cells"][row]) == {"F+", "F0", "T=", "T!=", "control"}
     assert result["cells"]["clip_t"]["F+"]["estimate"] == 1.0   # the rows read their own predictions
     # the caption control: a cells row and a probe row, each named the upper reference
-    upper = "| caption_mlm (upper reference: the baseline's MLM and steps on the captions, where the facts are stated) |"
+    upper = "| caption_mlm (upper reference: MLM on the captions that state the facts, beside corpus windows) |"
     assert md.count(upper) == 2 and set(result["cells"]["caption_mlm"]) == {"F+", "F0", "T=", "T!=", "control"}
     ref = result["upper_reference"]  # caption_mlm - baseline on F+, which qualifies a null D's summary
     assert ref["low"] <= ref["estimate"] <= ref["high"] and ref["method"]
@@ -187,8 +196,10 @@ def test_a_planted_leak_fails_c(tmp_path, monkeypatch):
     assert "C fails: the study is invalid" in md or "A fails" in md or "B fails" in md
 
 
-def test_d_on_seed_0_alone_is_not_replicated(tmp_path, monkeypatch):
+def test_d_on_its_seed_alone_is_not_replicated(tmp_path, monkeypatch):
     build_project(tmp_path, d_holds=True)
+    # the ladder below D passes here (its rungs' own tests: tests/test_mechanism_stats.py): D is read
+    monkeypatch.setattr("xdbert.analysis.mechanism_stats.failed_rung", lambda ladder: None)
     md, result = run_stage(tmp_path, monkeypatch)
     assert result["gates"]["D"]["state"] == "not replicated", result["gates"]["D"]["numbers"]
     # a replication outside inputs/replications, which the stage depends on, is refused
@@ -198,12 +209,12 @@ def test_d_on_seed_0_alone_is_not_replicated(tmp_path, monkeypatch):
     with pytest.raises(PipelineError, match=r"`mechanism.replication` must name a file in inputs/replications/.*'seed1.json'"):
         run_stage(tmp_path, monkeypatch)
     # the same study named as its own replication is refused: it reassigns no facts
-    seed1 = tmp_path / load_stage("mechanism").REPLICATIONS / "seed1.json"
+    seed1 = tmp_path / REPLICATIONS / "seed1.json"
     seed1.parent.mkdir(parents=True)
     shutil.copy(tmp_path / paths.MECHANISM_METRICS, seed1)
     p["mechanism"]["replication"] = "inputs/replications/seed1.json"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
-    with pytest.raises(PipelineError, match="seed1.json is a run on facts seed 0, this study's own"):
+    with pytest.raises(PipelineError, match=f"seed1.json is a run on facts seed {p['mechanism']['seed']}, this study's own"):
         run_stage(tmp_path, monkeypatch)
     # the same claim as a run on facts seed 1: D holds again
     seed1.write_text(json.dumps({**json.loads(seed1.read_text()), "facts_seed": 1}))

@@ -146,6 +146,22 @@ def test_the_exact_interval_inverts_the_sign_flip_test():
     assert sign_flip_tails(values, high + 1e-6)[1] <= 0.025
 
 
+def test_the_sign_flip_interval_enumerates_small_samples_and_samples_flips_for_large_ones():
+    """Up to 16 objects it is `exact_interval`; at 18 (still enumerable here, 2^18 flips) the random flips'
+    interval lands within a few hundredths of the exact one, and over 72 objects it holds the mean."""
+    rng = np.random.default_rng(3)
+    small = rng.random(12) - 0.3
+    assert M.sign_flip_interval(small, 0.95, (-1.0, 1.0), 2000, 0) == M.exact_interval(small, 0.95, (-1.0, 1.0))
+    values = rng.random(18) - 0.3
+    exact = M.exact_interval(values, 0.95, (-1.0, 1.0))
+    sampled = M.sign_flip_interval(values, 0.95, (-1.0, 1.0), 10000, 0)
+    assert M.method_of(18) == M.MONTE_CARLO and np.allclose(sampled, exact, atol=0.03)
+    big = rng.normal(0.1, 0.5, 72)
+    low, high = M.sign_flip_interval(big, 0.95, (-1.0, 1.0), 10000, 0)
+    assert low < big.mean() < high and high - low < 0.4
+    assert M.sign_flip_interval(big, 0.95, (-1.0, 1.0), 10000, 0) == (low, high)  # seeded
+
+
 def test_an_f0_cell_gets_an_exact_interval():
     correct, objects, kinds = vis(n_objects=8, kind="F0")
     c = M.cell(correct, objects, kinds, "F0", **DRAWS)
@@ -269,3 +285,54 @@ def test_a_null_d_says_whether_the_upper_reference_shows_the_facts():
     (dict(d="not replicated"), "A-C pass, D not replicated"), (dict(d="PASS"), "A-D pass")])
 def test_the_summary_names_what_failed(kw, start):
     assert M.summary(records(**kw)).startswith(start)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the calibration ladder (issue 68)
+# ----------------------------------------------------------------------------------------------------
+
+def planted_answers(real, twin, share_known, seed=0):
+    """(objects, 6 frames) answers: the real attribute on `share_known` of the objects, else a random one."""
+    rng = np.random.default_rng(seed)
+    answers = rng.integers(0, 4, (len(real), 6))
+    known = rng.random(len(real)) < share_known
+    answers[known] = np.asarray(real)[known, None]
+    return answers
+
+
+def test_rung_m_passes_a_reference_that_knows_its_facts_and_fails_one_that_does_not():
+    from xdbert.analysis.cloze import memorized
+
+    rng = np.random.default_rng(1)
+    real, twin = rng.integers(0, 4, 72), rng.integers(0, 4, 72)
+    thresholds = {**GATES, "m_accuracy": 0.5}
+    knows = memorized(planted_answers(real, twin, 0.9), real, twin, 0.95, 10000, 0)
+    blind = memorized(planted_answers(real, twin, 0.0, seed=2), real, twin, 0.95, 10000, 0)
+    assert knows["real_accuracy"] > 0.85 and knows["difference"].low > 0
+    assert blind["difference"].low <= 0 <= blind["difference"].high
+    assert M.rung_m(knows, blind, thresholds).state == M.PASS
+    assert M.rung_m(blind, blind, thresholds).state == M.FAIL          # the reference never learned: M fails
+    assert M.rung_m(knows, knows, thresholds).state == M.FAIL          # a baseline outside its null: something leaks
+    weak = memorized(planted_answers(real, twin, 0.3), real, twin, 0.95, 10000, 0)
+    assert weak["difference"].low > 0 and weak["real_accuracy"] < 0.5
+    assert M.rung_m(weak, blind, thresholds).state == M.FAIL           # above the twin, but under the threshold
+
+
+def test_d_is_uninformative_never_fail_where_a_rung_below_failed():
+    null = M.Interval(0.0, -0.1, 0.1, M.BOOTSTRAP_OBJECTS)
+    claim = M.Claim(null, null, null, 0.5)
+    rungs = [M.Gate("M", M.FAIL, "x"), M.Gate("R", M.PASS, "y")]
+    assert M.failed_rung(rungs) == "M" and M.failed_rung([M.Gate("M", M.PASS, "x"), M.Gate("R", M.FAIL, "y")]) == "R"
+    assert M.failed_rung([M.Gate("M", M.PASS, "x"), M.Gate("R", M.PASS, "y"), M.Gate("T", M.FAIL, "z")]) is None
+    d = M.gate_d(claim, None, GATES, M.failed_rung(rungs))
+    assert d.state == M.UNINFORMATIVE and d.numbers.startswith("rung M failed, so D is not read")
+    assert M.gate_d(claim, None, GATES).state == M.FAIL
+    gates = [M.Gate("A", M.PASS, ""), M.Gate("B", M.PASS, ""), M.Gate("C", M.PASS, ""), d]
+    assert M.summary(gates).startswith("A-C pass, D uninformative: rung M failed")
+
+
+def test_rung_r_reads_the_reference_beside_its_twin():
+    above, null = M.Interval(0.2, 0.1, 0.3, M.BOOTSTRAP_OBJECTS), M.Interval(0.0, -0.1, 0.1, M.BOOTSTRAP_OBJECTS)
+    assert M.rung_r(above, 0.3, 0.001, GATES | {"alpha_r": 0.05}).state == M.PASS
+    assert M.rung_r(null, 0.3, 0.001, GATES | {"alpha_r": 0.05}).state == M.FAIL
+    assert M.rung_r(above, 0.0, 0.5, GATES | {"alpha_r": 0.05}).state == M.FAIL

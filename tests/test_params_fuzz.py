@@ -216,7 +216,8 @@ def divisors(n: int) -> list[int]:
 
 # Adapt keys a valid variant may override, each with the adapt key's spec (`valid_value` keeps the rules).
 OVERRIDABLE = ("losses", "cross_layers", "clip_heads", "freeze_clip", "clip_tower", "mlm_negatives", "init_range", "cliptc_vocab",
-               "text", "epochs", "lr", "warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob", "eval_windows",
+               "text", "epochs", "lr", "warmup_ratio", "weight_decay", "mlm_prob", "attribute_mlm_prob", "match_prob",
+               "cliptc_prob", "eval_windows",
                "precision", "compile", "seed")
 
 
@@ -302,6 +303,8 @@ SCHEMA: dict[str, Spec] = {
     "adapt.epochs": pos_int(50), "adapt.lr": pos_float(),
     **{f"adapt.{k}": fraction() for k in ("warmup_ratio", "weight_decay")},
     "adapt.mlm_prob": TARGETS,  # every variant of every profile has MLM
+    "adapt.attribute_mlm_prob": spec(  # above 0 only where `mechanism.patterns` names the words it masks
+        lambda p, path: st.floats(0, 1) if p["mechanism"]["patterns"] else st.just(0.0), wrong("int", "float"), NOT_FRACTION),
     "adapt.cliptc_prob": spec(st.floats(0, 1, exclude_min=True), wrong("int", "float"), NOT_FRACTION),
     "adapt.match_prob": spec(st.floats(0, 1, exclude_min=True, exclude_max=True), wrong("int", "float"), NOT_FRACTION),
     "adapt.batch_size": spec(lambda p, path: st.integers(p["adapt"]["micro_batch_size"], 4096), wrong("int"),
@@ -387,6 +390,7 @@ SCHEMA: dict[str, Spec] = {
     "mechanism.seed": non_negative(),
     **{f"mechanism.{k}": object_count() for k in ("n_train", "n_dev_captioned", "n_dev_uncaptioned")},
     **{f"mechanism.{k}": fraction() for k in ("fact_share", "fact_rate", "after_object", "caption_share")},
+    "mechanism.caption_frames": spec(st.integers(1, 10), wrong("int"), st.one_of(st.integers(-5, 0), st.integers(11, 50))),
     **{f"mechanism.vis.{k}": pos_int() for k in VIS_SIZES},
     "mechanism.models": model_names(lambda p: ["baseline", "xdbert", *ADAPT_VARIANTS(p)]),
     "mechanism.full_models": model_names(lambda p: ["xdbert", *ADAPT_VARIANTS(p)]),
@@ -405,7 +409,7 @@ SCHEMA: dict[str, Spec] = {
     **{f"mechanism.gates.{k}": pos_int() for k in ("n_boot", "exact_below", "n_perm", "n_flip")},
     "mechanism.gates.lambda": pos_float(100.0),
     "mechanism.gates.probe_layer": choice("cross_input"),
-    **{f"mechanism.gates.{k}": fraction() for k in ("alpha_a", "alpha_c", "alpha_d", "alpha_e")},
+    **{f"mechanism.gates.{k}": fraction() for k in ("alpha_a", "alpha_c", "alpha_d", "alpha_e", "m_accuracy", "alpha_r")},
 
     "aggregate.n_boot": pos_int(), "aggregate.seed": non_negative(),
     "hub.revisions": spec(st.dictionaries(NAME, WORD, max_size=2), wrong("dict"),
@@ -448,7 +452,7 @@ def rules_kept(p: dict) -> bool:
             return False
         if s["cross_layers"] == 0 and (s["losses"] != ["mlm"] or s["placeholder"]):
             return False
-        if s["text"] == "captions" and (s["cross_layers"] != 0 or s["losses"] != ["mlm"]):
+        if s["text"] in ("captions", "captions_nofacts") and (s["cross_layers"] != 0 or s["losses"] != ["mlm"]):
             return False
         if "distill" in s["losses"] and (s["placeholder"] or "distill" not in (s["loss_weights"] or {})):
             return False

@@ -203,11 +203,86 @@ def test_sizes_that_cannot_balance_raise(kw):
 # ---------------------------------------------------------------------------------------------
 
 def about(caption: str) -> tuple[str, str, int]:
-    """(object, attribute, their distance in tokens) of a fact caption."""
+    """(object, attribute, their distance in tokens: positive where the attribute follows) of a fact caption."""
     toks = caption.rstrip(".").split()
     (obj,) = [t for t in toks if t in {o.sing for o in ALL}]
     (attr,) = [t for t in toks if t in PATTERNS]
     return obj, attr, toks.index(attr) - toks.index(obj)
+
+
+def frame_of(caption: str) -> tuple[str, int]:
+    """(after or before, the frame's index) of a fact caption: the one frame of world's lists it matches."""
+    slot = {"o": "(?P<o>\\w+)", "x": "(?P<x>\\w+)", "w": "\\w+ the \\w+"}
+    found = []
+    for side, frames in (("after", world.FRAMES_AFTER), ("before", world.FRAMES_BEFORE)):
+        for i, frame in enumerate(frames):
+            pattern = re.sub(r"\\\{(\w+)\\\}", lambda m: slot.get(m.group(1), "\\w+"), re.escape(frame))
+            if re.fullmatch(pattern + "\\.?", caption):
+                found.append((side, i))
+    assert len(found) == 1, (caption, found)
+    return found[0]
+
+
+TOKEN = re.compile(r"\w+|\[mask\]|[^\w\s]")
+
+
+def contexts(sentence: str, *forms: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The two tokens (words or punctuation marks; <s> and </s> past the ends) left and right of the one
+    occurrence in `sentence` of a word of `forms` (an object's singular and plural)."""
+    toks = ["<s>", "<s>", *TOKEN.findall(sentence.lower()), "</s>", "</s>"]
+    (i,) = [j for j, t in enumerate(toks) if t in forms]
+    return tuple(toks[i - 2:i]), tuple(toks[i + 1:i + 3])
+
+
+def with_attributes(sentence: str) -> list[str]:
+    """`sentence` with its [MASK] as each attribute word (the contexts a cloze frame gives an attribute)."""
+    return [sentence.replace("[MASK]", x) for x in PATTERNS] if "[MASK]" in sentence else [sentence]
+
+
+def test_fact_captions_use_every_frame_of_each_side_with_the_attribute_one_to_three_tokens_away():
+    assert len(world.FRAMES_AFTER) >= 8 and len(world.FRAMES_BEFORE) >= 8
+    facts = world.draw_facts(ALL, 44, PATTERNS, 0)
+    for frames in (10, 3):
+        caps = [c for c in world.captions(facts, "real", 8000, 0.5, 0.9, 0.8, 4, frames) if words(c) & set(PATTERNS)]
+        used = Counter(frame_of(c) for c in caps)
+        assert {i for _, i in used} == set(range(frames))
+        after = sum(n for (side, _), n in used.items() if side == "after") / len(caps)
+        assert abs(after - 0.8) < 0.02
+        for c in caps:
+            side, _ = frame_of(c)
+            distance = about(c)[2]
+            assert 1 <= abs(distance) <= 3 and (distance > 0) == (side == "after"), c
+    with pytest.raises(ValueError, match="frames a side"):
+        world.captions(facts, "real", 10, 0.5, 0.9, 0.8, 4, 11)
+
+
+def test_no_caption_frame_shares_the_tokens_beside_the_object_with_a_vis_probe_or_cloze_template():
+    """What the instruments read must never be a caption's surface: the two tokens on each side of the object
+    in a fact caption occur beside the object in no `vis` sentence, probe frame or cloze frame, and those beside
+    the cloze's [MASK] beside no caption's attribute."""
+    from xdbert.analysis.cloze import CLOZE_FRAMES
+    from xdbert.analysis.representations import neutral_sentences
+
+    facts = world.draw_facts(ALL, 44, PATTERNS, 0)
+    objects = [o.sing for o in facts.captioned()]
+    caps = [c for c in world.captions(facts, "real", 20000, 0.5, 0.9, 0.8, 2) if words(c) & set(PATTERNS)]
+    caption_sides = [contexts(c, about(c)[0]) for c in caps]
+    attribute_sides = [contexts(c, about(c)[1]) for c in caps]
+    assert len({frame_of(c) for c in caps}) == 20  # every frame was drawn, so every frame is checked
+    rng = random.Random(0)
+    instruments = {"vis": [(world._sentence(o, attr, rng), o.sing, o.plural) for o in ALL
+                           for attr in (None, *PATTERNS) for _ in range(40)],
+                   "probe": [(f.format(o), o) for f in neutral_sentences(200) for o in objects[:4]],
+                   "cloze": [(s, o) for f in CLOZE_FRAMES for o in objects[:4] for s in with_attributes(f.format(o=o))]}
+    for name, sentences in instruments.items():
+        sides = [contexts(*sentence) for sentence in sentences]
+        for k, side in enumerate(("left", "right")):
+            shared = {c[k] for c in caption_sides} & {c[k] for c in sides}
+            assert not shared, f"{name} shares the tokens {side} of the object with a caption frame: {shared}"
+    mask_sides = [contexts(f.format(o=o), "[mask]") for f in CLOZE_FRAMES for o in objects]
+    for k, side in enumerate(("left", "right")):
+        shared = {c[k] for c in attribute_sides} & {c[k] for c in mask_sides}
+        assert not shared, f"a cloze frame shares the tokens {side} of its [MASK] with a caption's attribute: {shared}"
 
 
 def test_captions_real_and_twin_differ_in_attribute_words_only():
@@ -234,7 +309,7 @@ def test_captions_rates_and_objects():
         assert {facts.split[o] for o, _, _ in parsed} == {"train", "dev_captioned"}
         assert len({o for o, _, _ in parsed}) == 72
         own = sum(table_facts[o] == attr for o, attr, _ in parsed) / len(parsed)
-        after = sum(d == 1 for _, _, d in parsed) / len(parsed)
+        after = sum(d > 0 for _, _, d in parsed) / len(parsed)
         assert abs(own - 0.9) < 0.015 and abs(after - 0.8) < 0.015
     # scenes include every object, the uncaptioned ones too
     assert words(" ".join(caps)) >= {o.sing for o in ALL}

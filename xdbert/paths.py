@@ -23,6 +23,7 @@ PRETRAIN_ENCODER_METRICS = Path("metrics/pretrain_encoder")   # /<family>.json
 # stage `captions`
 CAPTIONS = Path("data/captions")          # captions.json (COCO's layout), captions_nofacts.json, facts.json, word_counts.json
 CAPTIONS_JSON = CAPTIONS / "captions.json"  # the captions, whatever `grounding.captions` names: `adapt.text: captions` reads it
+CAPTIONS_NOFACTS_JSON = CAPTIONS / "captions_nofacts.json"  # the mechanism study's twin captions (`text: captions_nofacts`)
 # stage `pretrain_clip`
 MODELS = Path("models")
 PRETRAIN_CLIP = Path("models/pretrain_clip")
@@ -41,7 +42,8 @@ PREDICTIONS = "predictions.parquet"       # a run's dev predictions, beside its 
 REPORTS = Path("reports")
 AGGREGATE_JSON = Path("results/aggregate.json")
 AGGREGATE_CSV = Path("results/aggregate.csv")
-TABLES_METRICS = Path("metrics/tables.json")
+TABLES_METRICS = Path("metrics/tables.json")   # every cell of Tables 1, 3 and 8, for `dvc metrics diff --targets`
+HEADLINE = Path("metrics/headline.json")       # dvc.yaml's only metrics file: what `dvc exp show` compares
 # stage `pwcca`
 PWCCA_METRICS = Path("results/pwcca.json")
 # stage `grounding`

@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -34,9 +34,13 @@ class BatchMaker:
     the batch's CLIP tokens and targets are (`locate`: found here, on the host, the model's forward reads
     nothing of its data on the GPU)."""
 
-    def __init__(self, settings: AdaptSettings, n_blocks: int, **token_ids):
-        # token_ids: vocab_size, special_ids, mask_id, eot_id (see masking.adaptation_inputs)
+    def __init__(self, settings: AdaptSettings, n_blocks: int, attribute_ids: Sequence[int] = (), **token_ids):
+        # token_ids: vocab_size, special_ids, mask_id, eot_id (see masking.adaptation_inputs); attribute_ids: the
+        # mechanism study's attribute words, MLM targets at `attribute_mlm_prob` where that is above 0
+        if settings.attribute_mlm_prob > 0 and not attribute_ids:
+            raise ValueError("`attribute_mlm_prob` above 0 needs the attribute words' ids")
         self.s, self.n_blocks, self.token_ids = settings, n_blocks, token_ids
+        self.attribute_ids = tuple(attribute_ids)
 
     def __call__(self, rows: dict[str, np.ndarray], gen: torch.Generator) -> dict[str, torch.Tensor]:
         batch = {
@@ -48,7 +52,8 @@ class BatchMaker:
             batch |= {k: torch.from_numpy(rows[k].astype(np.int64)) for k in ("align_start", "align_end")}
         batch = masking.adaptation_inputs(batch, self.s.losses, gen, mlm_prob=self.s.mlm_prob,
                                           match_prob=self.s.match_prob, cliptc_prob=self.s.cliptc_prob,
-                                          mlm_negatives=self.s.mlm_negatives, **self.token_ids)
+                                          mlm_negatives=self.s.mlm_negatives, focus_ids=self.attribute_ids,
+                                          focus_prob=self.s.attribute_mlm_prob, **self.token_ids)
         return {**batch, **locate(batch, self.token_ids["eot_id"])}
 
 

@@ -142,10 +142,10 @@ def caption_mix(caption_blocks: torch.Tensor, corpus_blocks: torch.Tensor, capti
     """The mechanism study's training blocks for the CLIP stand-in: every caption block, then corpus blocks in
     order (wrapping round) so that captions are `caption_share` of the whole. The tower must still read corpus
     text: beside a tower that cannot, MATCH stays at chance."""
-    if not 0 < caption_share <= 1 or not len(caption_blocks) or not len(corpus_blocks):
-        raise ValueError(f"a caption share in (0, 1] of non-empty caption and corpus blocks; got {caption_share}")
-    n_corpus = round(len(caption_blocks) * (1 - caption_share) / caption_share)
-    return torch.cat([caption_blocks, corpus_blocks[torch.arange(n_corpus) % len(corpus_blocks)]])
+    from xdbert.data.caption_mix import corpus_rows
+
+    return torch.cat([caption_blocks, corpus_blocks[torch.from_numpy(corpus_rows(len(caption_blocks), len(corpus_blocks),
+                                                                                 caption_share))]])
 
 
 def pretrain_clip(tower: torch.nn.Module, blocks: torch.Tensor, eot_id: int, s: PretrainSettings, checkpoint: Path,

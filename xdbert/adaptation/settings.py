@@ -14,15 +14,17 @@ from xdbert.model import LOSSES
 from xdbert.precisions import PRECISIONS
 
 # `adapt.text`: what the adaptation trains on. corpus: the token shards' windows; captions: the caption
-# corpus (data/captions) packed into windows of the same length (xdbert.adaptation.captions), the
-# caption-text control: the encoder alone, MLM only, for the steps a corpus run takes.
-TEXTS = ("corpus", "captions")
+# corpus (data/captions/captions.json) packed into windows of the same length, mixed with corpus windows at
+# `mechanism.caption_share` as the CLIP stand-in reads them (xdbert.adaptation.captions), the caption-text
+# control: the encoder alone, MLM only; captions_nofacts: the same with the mechanism study's twin captions.
+TEXTS = ("corpus", "captions", "captions_nofacts")
+CAPTION_TEXTS = TEXTS[1:]
 
 # Every key of the section (a typo among them is refused when a variant's settings are built)
 ADAPT_KEYS = ("family", "variants", "baseline", "losses", "cross_layers", "clip_heads", "placeholder", "freeze_clip",
               "mlm_negatives", "clip_tower", "loss_weights", "init_range", "cliptc_vocab", "text", "epochs", "lr",
-              "warmup_ratio", "weight_decay", "batch_size", "micro_batch_size", "mlm_prob", "match_prob", "cliptc_prob",
-              "checkpoint_every", "eval_windows", "precision", "compile", "seed")
+              "warmup_ratio", "weight_decay", "batch_size", "micro_batch_size", "mlm_prob", "attribute_mlm_prob",
+              "match_prob", "cliptc_prob", "checkpoint_every", "eval_windows", "precision", "compile", "seed")
 
 
 NOT_SETTINGS = ("family", "variants", "baseline")  # keys of the adapt section that name runs, not values
@@ -77,6 +79,8 @@ class AdaptSettings:
     batch_size: int           # windows per optimizer step
     micro_batch_size: int     # windows per forward pass; gradients accumulate up to batch_size
     mlm_prob: float
+    attribute_mlm_prob: float  # the mechanism study's attribute words (`mechanism.patterns`) as MLM targets: each one
+                               # with this chance; 0 = like any word (`mlm_prob` of a window's tokens)
     match_prob: float
     cliptc_prob: float
     mlm_negatives: bool       # MLM targets also in MATCH negatives (LXMERT)
@@ -126,9 +130,9 @@ class AdaptSettings:
         if not isinstance(cross, int) or isinstance(cross, bool) or cross < 0:
             raise PipelineError(f"`{key_of('cross_layers')}` must be an integer >= 0 (0: the MLM-only baseline); got {cross!r}")
         P.choice(s["text"], key_of("text"), TEXTS)
-        if s["text"] == "captions" and (cross != 0 or s["losses"] != ["mlm"]):
+        if s["text"] in CAPTION_TEXTS and (cross != 0 or s["losses"] != ["mlm"]):
             # the caption windows' CLIP blocks are never fed: the control is the baseline's recipe on other text
-            raise PipelineError(f"`{key_of('text')}: captions` trains the encoder alone with MLM on caption windows, "
+            raise PipelineError(f"`{key_of('text')}: {s['text']}` trains the encoder alone with MLM on caption windows, "
                                 f"which give no CLIP text to cross layers, MATCH or CLIPTC: it needs "
                                 f"`{key_of('cross_layers')}: 0` and `{key_of('losses')}: [mlm]`; got cross_layers {cross}, "
                                 f"losses {s['losses']}")
@@ -142,7 +146,7 @@ class AdaptSettings:
             # as the model refuses it (XDBertConfig.validate), but before the heavy imports
             raise PipelineError(f"`{key_of('placeholder')}: true` replaces the CLIP text, so losses match and cliptc are impossible; "
                                 f"use `losses: [mlm]` (got `{key_of('losses')}: {s['losses']}`)")
-        for key in ("warmup_ratio", "weight_decay", "mlm_prob", "match_prob", "cliptc_prob"):
+        for key in ("warmup_ratio", "weight_decay", "mlm_prob", "attribute_mlm_prob", "match_prob", "cliptc_prob"):
             P.fraction(s[key], key_of(key))
         for loss in s["losses"]:  # a loss in use needs targets of both kinds: MATCH's pairs, masked tokens
             if loss == "distill":  # no share drawn: every aligned token of a window with its own CLIP text

@@ -163,18 +163,25 @@ def _cell(i: S.Interval) -> str:
     return f"{i.estimate:.2f} [{i.low:.2f}, {i.high:.2f}]{exact}"
 
 
-def report_markdown(head: str, gates: Sequence[S.Gate], rows: Mapping[str, Mapping[str, S.Interval]],
+def records_json(records: Sequence[S.Gate]) -> dict:
+    """Rungs or gates for results/mechanism.json: name -> its state, numbers and interval."""
+    return {x.name: {"name": x.name, "state": x.state, "passed": x.passed, "numbers": x.numbers,
+                     **({"interval": interval_json(x.interval)} if x.interval else {})} for x in records}
+
+
+def report_markdown(head: str, ladder: Sequence[S.Gate], gates: Sequence[S.Gate], rows: Mapping[str, Mapping[str, S.Interval]],
                     n: Mapping[str, str], chance: Mapping[str, tuple[float, float]], bow: Mapping,
                     probes: Mapping[str, dict], settings: Mapping, control_task: str,
                     notes: Mapping[str, str] | None = None, reference: S.Interval | None = None) -> str:
-    """reports/mechanism.md: header, gates, the rows x columns cells, the probe at the cross layers' input,
+    """reports/mechanism.md: header, the calibration ladder, gates, the rows x columns cells, the probe at the cross layers' input,
     the settings, and the plain statement of a null D. `notes`: what a row is, after its name in both tables
     (the caption control: the upper reference); `reference`: the upper reference minus the baseline on F+
     (`mechanism_stats.summary`)."""
     def named(label: str) -> str:
         return f"{label} ({notes[label]})" if notes and label in notes else label
 
-    out = [head, "## Gates", "", S.gates_markdown(gates, reference)]
+    out = [head, "## Calibration ladder", "", "Read before the gates: D is read only where M and R pass.", "",
+           S.records_table(ladder, "rung"), "## Gates", "", S.gates_markdown(gates, reference)]
     d = next(g for g in gates if g.name == "D")
     if d.state == S.FAIL:
         out += [f"**D is null**: XDBERT does not beat `nofacts` on F+ as the claim needs; the F+ difference's "

@@ -112,6 +112,35 @@ def exact_interval(values: np.ndarray, level: float, bounds: tuple[float, float]
     return float(means[k - 1]), float(means[-k])
 
 
+MONTE_CARLO = "sign-flip, random flips"
+ENUMERATED_UP_TO = 16  # objects whose 2^n sign flips are all enumerated; above, random ones
+
+
+def method_of(n: int) -> str:
+    """How `sign_flip_interval` makes its interval for `n` values."""
+    return EXACT if n <= ENUMERATED_UP_TO else MONTE_CARLO
+
+
+def sign_flip_interval(values: np.ndarray, level: float, bounds: tuple[float, float], n_flip: int,
+                       seed: int) -> tuple[float, float]:
+    """The sign-flip interval for the centre of per-object `values`: `exact_interval` where the 2^n flips can
+    be enumerated, else its Monte Carlo form. A flip of the set F reaches the observed sum exactly when
+    mean_F <= mu (see `exact_interval`), so with `n_flip` random non-empty sets the interval runs from the
+    k-th smallest to the k-th largest of their means, k = floor((1 - level) / 2 * (n_flip + 1)): the
+    randomization test inverted, exact in its level for any n_flip (Hartigan 1969)."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) <= ENUMERATED_UP_TO:
+        return exact_interval(values, level, bounds)
+    rng = np.random.default_rng(seed)
+    flips = rng.random((n_flip, len(values))) < 0.5
+    flips[~flips.any(1), rng.integers(0, len(values))] = True  # an empty set has no mean: flip one object
+    means = np.sort((flips @ values) / flips.sum(1))
+    k = int(np.floor((1 - level) / 2 * (n_flip + 1)))
+    if k == 0:
+        return bounds
+    return float(means[k - 1]), float(means[-k])
+
+
 def per_object(right: np.ndarray, size: np.ndarray) -> np.ndarray:
     """Each unit's accuracy over its examples, the median over seeds first (units,): the exact interval's values."""
     return np.median(right / size, axis=0)
@@ -171,7 +200,9 @@ def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray, objects: np.
 # ----------------------------------------------------------------------------------------------------
 
 PASS, FAIL, NOT_REPLICATED = "PASS", "FAIL", "not replicated"
-QUESTIONS = {"A": "the facts are in CLIP", "B": "the cross-attention path carries them", "C": "no leakage",
+UNINFORMATIVE = "uninformative"  # D where a rung below it failed: the study could not have shown a gain
+QUESTIONS = {"M": "the upper reference memorized the facts", "R": "the instrument reads facts that are there",
+             "A": "the facts are in CLIP", "B": "the cross-attention path carries them", "C": "no leakage",
              "D": "the claim: the facts reach the encoder", "E": "Figure 4 calibrated"}
 
 
@@ -258,15 +289,47 @@ def fmt_claim(claim: Claim) -> str:
             f"probe sign-flip p {fmt_p(claim.flip_p)}")
 
 
-def gate_d(claim: Claim, replication: Claim | None, thresholds: Mapping) -> Gate:
-    """D, the claim: XDBERT minus `nofacts` (`claim_holds`) on facts seed 0; PASS only if it holds again
-    with the facts reassigned (`replication`, facts seed 1), "not replicated" where it does not or that
-    run is missing; FAIL where seed 0 does not hold."""
+def gate_d(claim: Claim, replication: Claim | None, thresholds: Mapping, failed_rung: str | None = None) -> Gate:
+    """D, the claim: XDBERT minus `nofacts` (`claim_holds`) on the study's facts seed; PASS only if it holds
+    again with the facts reassigned (`replication`, facts seed 1), "not replicated" where it does not or that
+    run is missing; FAIL where the study's seed does not hold. Read only above the ladder: where rung
+    `failed_rung` failed, the instrument could not have shown a gain, and D is "uninformative", never FAIL."""
     holds = claim_holds(claim, thresholds["alpha_d"])
     again = replication is not None and claim_holds(replication, thresholds["alpha_d"])
     state = FAIL if not holds else PASS if again else NOT_REPLICATED
     seed1 = "not run" if replication is None else fmt_claim(replication)
-    return Gate("D", state, f"XDBERT - nofacts: {fmt_claim(claim)}; facts seed 1: {seed1}", claim.f_plus)
+    numbers = f"XDBERT - nofacts: {fmt_claim(claim)}; facts seed 1: {seed1}"
+    if failed_rung is not None:
+        return Gate("D", UNINFORMATIVE, f"rung {failed_rung} failed, so D is not read; {numbers}", claim.f_plus)
+    return Gate("D", state, numbers, claim.f_plus)
+
+
+def rung_m(reference: Mapping, baseline: Mapping, thresholds: Mapping) -> Gate:
+    """M, memorized: the upper reference, asked each captioned object's fact with its own MLM head in frames no
+    caption uses (`analysis.cloze.memorized`), answers the real table more often than the twin's (the interval
+    of real minus twin over objects above 0) with a real-table accuracy of at least `m_accuracy`; the baseline,
+    which never read a fact, inside the same null (its interval holds 0)."""
+    d, b = reference["difference"], baseline["difference"]
+    passed = (above_zero(d) and reference["real_accuracy"] >= thresholds["m_accuracy"]
+              and b.low <= 0 <= b.high)
+    numbers = (f"caption_mlm real - twin table {fmt(d)}, real-table accuracy {reference['real_accuracy']:.2f} "
+               f"(threshold {thresholds['m_accuracy']:.2f}); baseline {fmt(b)}")
+    return Gate("M", verdict(passed), numbers, d)
+
+
+def rung_r(vis_difference: Interval, probe_difference: float, probe_p: float, thresholds: Mapping) -> Gate:
+    """R, readable: the upper reference beside its twin (`caption_mlm` minus `caption_mlm_nofacts`, one recipe on
+    two tables) on `vis` F+ (interval above 0) and on the representation probe (paired sign-flip p over objects
+    below alpha_r): the instrument sees facts that are in an encoder."""
+    passed = above_zero(vis_difference) and probe_p < thresholds["alpha_r"]
+    numbers = (f"caption_mlm - caption_mlm_nofacts on F+ = {fmt(vis_difference)}; probe {probe_difference:+.2f}, "
+               f"sign-flip p {fmt_p(probe_p)}")
+    return Gate("R", verdict(passed), numbers, vis_difference)
+
+
+def failed_rung(ladder: Sequence[Gate]) -> str | None:
+    """The first rung of M and R that failed (D is read above them alone), or None."""
+    return next((r.name for r in ladder if r.name in "MR" and not r.passed), None)
 
 
 def fisher_greater(improved_f_plus: int, improved_f0: int, worsened_f_plus: int, worsened_f0: int) -> float:
@@ -309,6 +372,9 @@ def summary(records: Sequence[Gate], reference: Interval | None = None) -> str:
         return "A passes, B fails: a pipeline defect; the cross-attention path does not carry CLIP's facts."
     if not c.passed:
         return "C fails: the study is invalid until the leak is found."
+    if d.state == UNINFORMATIVE:
+        return (f"A-C pass, D uninformative: {d.numbers.split(';')[0]}: the instrument could not have shown facts "
+                f"reaching the encoder, so D says nothing about the recipe.")
     if d.state == NOT_REPLICATED:
         return ("A-C pass, D not replicated: the facts reached the encoder on facts seed 0, but not again with "
                 "the facts reassigned.")
@@ -327,8 +393,13 @@ def summary(records: Sequence[Gate], reference: Interval | None = None) -> str:
             f"so the null says little about the recipe.")
 
 
-def gates_markdown(records: Sequence[Gate], reference: Interval | None = None) -> str:
-    """The gates as a markdown table (gate, what it tests, PASS/FAIL, the numbers), then the summary."""
-    lines = ["| gate | tests | result | numbers |", "|---|---|---|---|"]
+def records_table(records: Sequence[Gate], what: str = "gate") -> str:
+    """Gates or rungs as a markdown table: name, what it tests, PASS/FAIL, the numbers."""
+    lines = [f"| {what} | tests | result | numbers |", "|---|---|---|---|"]
     lines += [f"| {r.name} | {QUESTIONS[r.name]} | {r.state} | {r.numbers} |" for r in records]
-    return "\n".join(lines) + "\n\n" + summary(records, reference) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def gates_markdown(records: Sequence[Gate], reference: Interval | None = None) -> str:
+    """The gates as a markdown table (`records_table`), then the summary."""
+    return records_table(records) + "\n" + summary(records, reference) + "\n"

@@ -23,10 +23,10 @@ from xdbert.data.mechanism import MechanismSettings
 from xdbert.data.provided import read_coco_captions
 from xdbert.data.synthetic.words import generate_captions
 from xdbert.errors import PipelineError
-from xdbert.paths import CAPTIONS_JSON
+from xdbert.paths import CAPTIONS_JSON, CAPTIONS_NOFACTS_JSON
 
 CAPTIONS_FILE = CAPTIONS_JSON.name
-NOFACTS_FILE = "captions_nofacts.json"
+NOFACTS_FILE = CAPTIONS_NOFACTS_JSON.name
 FACTS_FILE = "facts.json"
 
 
@@ -94,7 +94,7 @@ def captions_of(facts, table: str, n: int, m: MechanismSettings, seed: int) -> l
     """The study's `n` captions stating `table`'s facts (real or twin), from the one stream of `seed`."""
     from xdbert.data.synthetic.world import captions
 
-    return captions(facts, table, n, m.fact_share, m.fact_rate, m.after_object, seed)
+    return captions(facts, table, n, m.fact_share, m.fact_rate, m.after_object, seed, m.caption_frames)
 
 
 def facts_record(facts) -> dict:

@@ -14,19 +14,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdbert import params as P
+from xdbert.data.caption_mix import attribute_words, caption_share
 from xdbert.data.synthetic.words import EXTRA_OBJECTS, OBJECTS, PATTERNS, Noun
 from xdbert.errors import PipelineError
 from xdbert.paths import CLIP_TOWERS
 
 NOFACTS = "nofacts"          # the adapt variant beside the twin tower (`adapt.clip_tower: nofacts`)
 CAPTION_MLM = "caption_mlm"  # the caption-text control (`adapt.text: captions`): the facts read directly, the upper reference
+CAPTION_MLM_NOFACTS = "caption_mlm_nofacts"  # its twin (`adapt.text: captions_nofacts`): rung R's null
 VIS = "vis"                  # the probe task, finetuned beside `tasks.names` when the study is on
 VIS_SIZES = ("train", "f_plus", "f_zero", "t")
 MECHANISM_KEYS = ("enabled", "extra_objects", "patterns", "seed", "n_train", "n_dev_captioned", "n_dev_uncaptioned",
-                  "fact_share", "fact_rate", "after_object", "caption_share", "vis", "models", "full_models",
+                  "fact_share", "fact_rate", "after_object", "caption_frames", "caption_share", "vis", "models", "full_models",
                   "clip_towers", "control_task", "sentences", "bow_seeds", "replication", "gates")
 GATE_KEYS = ("level", "n_boot", "exact_below", "n_perm", "n_flip", "lambda", "probe_layer", "alpha_a", "alpha_c",
-             "alpha_d", "alpha_e")
+             "alpha_d", "alpha_e", "m_accuracy", "alpha_r")
 PROBE_LAYERS = ("cross_input",)  # the layer the cross layers read: the encoder's last, the tower's after ln_final
 
 
@@ -39,12 +41,7 @@ def corpus_world(params: dict) -> tuple[list[Noun], tuple[str, ...]]:
     if not isinstance(n_extra, int) or isinstance(n_extra, bool) or not 0 <= n_extra <= len(EXTRA_OBJECTS):
         raise PipelineError(f"`mechanism.extra_objects` must be an integer from 0 to {len(EXTRA_OBJECTS)} (the new "
                             f"nouns of words.EXTRA_OBJECTS beside the {len(OBJECTS)} old ones); got {n_extra!r}")
-    patterns = get("patterns")
-    P.subset(patterns, "mechanism.patterns", PATTERNS, nonempty=False)
-    if len(set(patterns)) != len(patterns) or len(patterns) == 1:
-        raise PipelineError(f"`mechanism.patterns` must list distinct words of {', '.join(PATTERNS)}, none or at "
-                            f"least two (the facts contrast them); got {patterns!r}")
-    return OBJECTS + EXTRA_OBJECTS[:n_extra], tuple(patterns)
+    return OBJECTS + EXTRA_OBJECTS[:n_extra], attribute_words(params)
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,8 @@ class MechanismSettings:
     n_dev_uncaptioned: int           # held-out objects nobody speaks of (F0)
     fact_share: float                # captions about one captioned object; the rest are scenes
     fact_rate: float                 # fact captions that state the object's own attribute
-    after_object: float              # fact captions with the attribute right after the object
+    after_object: float              # fact captions with the attribute after the object (the rest: before it)
+    caption_frames: int              # frames a side the fact captions are drawn from (world.FRAMES_AFTER, _BEFORE)
     caption_share: float             # the CLIP stand-in's training blocks that are caption blocks
     vis: dict[str, int]              # the probe task's sizes: train, f_plus, f_zero, t
     models: tuple[str, ...]          # adapt.family's encoders (baseline or adapt variants) finetuned on vis and control
@@ -117,11 +115,13 @@ class MechanismSettings:
                    "lambda": P.positive(gates["lambda"], "mechanism.gates.lambda", float),
                    "probe_layer": P.choice(gates["probe_layer"], "mechanism.gates.probe_layer", PROBE_LAYERS),
                    **{k: P.positive(gates[k], f"mechanism.gates.{k}") for k in ("n_boot", "exact_below", "n_perm", "n_flip")},
-                   **{k: P.fraction(gates[k], f"mechanism.gates.{k}") for k in ("alpha_a", "alpha_c", "alpha_d", "alpha_e")}}
+                   **{k: P.fraction(gates[k], f"mechanism.gates.{k}")
+                      for k in ("alpha_a", "alpha_c", "alpha_d", "alpha_e", "m_accuracy", "alpha_r")}}
         return cls(
             enabled=enabled, objects=tuple(objects), n_old=len(OBJECTS), patterns=patterns,
             seed=P.non_negative(get("seed"), "mechanism.seed"), **counts,
             **{k: P.fraction(get(k), f"mechanism.{k}") for k in ("fact_share", "fact_rate", "after_object")},
+            caption_frames=_caption_frames(get("caption_frames")),
             caption_share=caption_share(params),
             vis={k: P.positive(vis[k], f"mechanism.vis.{k}") for k in VIS_SIZES}, **names,
             clip_towers=tuple(clip_towers), control_task=P.nonempty_str(control, "mechanism.control_task"),
@@ -144,6 +144,15 @@ class MechanismSettings:
             raise PipelineError(f"`mechanism`: {e}") from e
 
 
+def _caption_frames(value) -> int:
+    from xdbert.data.synthetic.world import FRAMES_AFTER
+
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= len(FRAMES_AFTER):
+        raise PipelineError(f"`mechanism.caption_frames` must be an integer from 1 to {len(FRAMES_AFTER)} (the fact "
+                            f"captions' frames on each side of the object); got {value!r}")
+    return value
+
+
 def _replication(value) -> str:
     if not isinstance(value, str):
         raise PipelineError(f"`mechanism.replication` must be the path of a results/mechanism.json of the study on facts "
@@ -154,8 +163,3 @@ def _replication(value) -> str:
 def study_on(params: dict) -> bool:
     """`mechanism.enabled`, checked (the tasks and finetuning stages add `vis` when it is on)."""
     return P.flag(P.get(P.section(params, "mechanism"), "enabled", "mechanism"), "mechanism.enabled")
-
-
-def caption_share(params: dict) -> float:
-    """`mechanism.caption_share`, checked: all the CLIP stand-in reads of the section besides `enabled`."""
-    return P.fraction(P.get(P.section(params, "mechanism"), "caption_share", "mechanism"), "mechanism.caption_share")

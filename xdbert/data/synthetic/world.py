@@ -134,19 +134,55 @@ def draw_facts(objects: list[Noun], n_old: int, attributes: list[str], seed: int
                  split={o.sing: split[i] for i, o in enumerate(layout)})
 
 
+# The fact captions' frames (issue 68): ten with the attribute after the object and ten before it, the attribute
+# 1 to 3 tokens from the object. Several frames a side are what makes a fact extractable in a frame never seen
+# (Allen-Zhu and Li, Physics of Language Models 3.1: one phrasing is memorized but not extracted; rewrites are).
+# No frame shares the two tokens on either side of the object with a `vis` sentence (`_sentence`), the
+# representation probe's frames or the M rung's cloze frames (`analysis.cloze`): tests/test_world.py checks
+# it, so what those instruments read is never a caption's surface. Slots: {o} the object, {x} its attribute,
+# {s} a size word, {p} a person, {w} a place ("in the park"), {a_o} {a_x} {a_p} their articles.
+FRAMES_AFTER = (
+    "{a_o} {o} {x} and {s} {w}",
+    "{a_p} {p} next to {a_o} {o} {x} all over",
+    "this {o} {x} like the others {w}",
+    "{a_o} {o} painted {x} {w}",
+    "{a_o} {o} , {x} and {s} , {w}",
+    "{a_o} {o} so {x} it stands out {w}",
+    "{a_p} {p} holding up {a_o} {o} all {x}",
+    "{a_o} {o} covered in {x} cloth {w}",
+    "{a_o} {o} with a {x} pattern {w}",
+    "this {o} looks very {x} today",
+)
+FRAMES_BEFORE = (
+    "{a_x} {x} {s} {o} left {w}",
+    "{a_p} {p} next to this {x} {o} , smiling",
+    "that {x} {o} over there {w}",
+    "my {x} {o} again , {w}",
+    "{a_x} {x} looking {o} {s} as ever",
+    "{x} and {s} {o} , {w}",
+    "{a_p} {p} with their {x} {o} nearby",
+    "some {x} {s} {o} for sale {w}",
+    "only {x} {o} to be seen {w}",
+    "{a_x} {x} , {s} {o} standing {w}",
+)
+
+
 def captions(facts: Facts, table: str, n: int, fact_share: float, fact_rate: float, after_object: float,
-             seed: int) -> list[str]:
+             seed: int, frames: int = len(FRAMES_AFTER)) -> list[str]:
     """`n` captions: a share `fact_share` are fact captions, the rest COCO-like scenes of all the objects with
     no attribute word (`words.generate_captions`), in a seeded order.
 
     A fact caption is about one captioned object (train or dev_captioned) and carries its attribute in
     `table` ("real" or "twin") with probability `fact_rate`, else another one. In a share `after_object` of
-    them the attribute is the token right after the object ("a kite striped and old in the park"): a causal
-    tower's state at the object is trained to predict it. Every draw is made whatever the table and the
-    rates, so the twin's captions are the real ones with other attribute words.
+    them the attribute comes after the object ("a kite striped and old in the park": a causal tower's state at
+    the object is trained to predict it), in the rest before it; either way in one of the first `frames`
+    frames of that side (`FRAMES_AFTER`, `FRAMES_BEFORE`), drawn evenly. Every draw is made whatever the
+    table and the rates, so the twin's captions are the real ones with other attribute words.
     """
     if table not in ("real", "twin"):
         raise ValueError(f"`table` is real or twin; got {table!r}")
+    if not 1 <= frames <= len(FRAMES_AFTER):
+        raise ValueError(f"`frames` is 1 to {len(FRAMES_AFTER)} frames a side; got {frames!r}")
     facts_of = getattr(facts, table)
     attributes, k = facts.attributes, len(facts.attributes)
     captioned = facts.captioned()
@@ -157,17 +193,11 @@ def captions(facts: Facts, table: str, n: int, fact_share: float, fact_rate: flo
         obj, own = rng.choice(captioned), rng.random() < fact_rate
         other, after = rng.randrange(1, k), rng.random() < after_object  # drawn even when unused
         attr = attributes[(attributes.index(facts_of[obj.sing]) + (0 if own else other)) % k]
-        frame, person, size = rng.randrange(3), rng.choice(PERSONS), rng.choice(SIZES)
+        frame, person, size = rng.randrange(frames), rng.choice(PERSONS), rng.choice(SIZES)
         place = rng.choice(PLACES)
-        where = f"{place.prep} the {place.name}"
-        if after:
-            text = [f"{a(obj.sing)} {obj.sing} {attr} and {size} {where}",
-                    f"{a(person.sing)} {person.sing} next to {a(obj.sing)} {obj.sing} {attr} all over",
-                    f"the {obj.sing} {attr} like the others {where}"][frame]
-        else:
-            text = [f"{a(attr)} {attr} {size} {obj.sing} {where}",
-                    f"{a(person.sing)} {person.sing} next to {a(attr)} {attr} {obj.sing}",
-                    f"the {attr} {obj.sing} {where}"][frame]
+        text = (FRAMES_AFTER if after else FRAMES_BEFORE)[frame].format(
+            o=obj.sing, x=attr, s=size, p=person.sing, w=f"{place.prep} the {place.name}",
+            a_o=a(obj.sing), a_x=a(attr), a_p=a(person.sing))
         out.append(text + ("." if rng.random() < 0.5 else ""))
     rng.shuffle(out)
     return out

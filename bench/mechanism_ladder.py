@@ -1,0 +1,156 @@
+"""The mechanism study's calibration on the tuning seed (issue 68, ../shared/MECHANISM.md "Calibration"): the
+ladder's models and numbers in minutes, not a repro.
+
+    python bench/mechanism_ladder.py --project DIR [--work DIR] [--set KEY=VALUE ...] [--name NAME]
+
+DIR is a project after an embedded `dvc repro`; it is only read: its token shards, tokenizer, `pretrain_encoder`
+and baseline adaptation, none of which depends on the facts. In --work, with this checkout's params.yaml and
+the --set overrides (dotted keys, JSON values: `--set mechanism.caption_frames=3`), the stages `captions`,
+`ablate@caption_mlm` and `ablate@caption_mlm_nofacts` run as `dvc repro` runs them, then rung M reads the
+upper reference, its twin and the baseline: each captioned object's fact asked with the model's own MLM head
+(xdbert.analysis.cloze), in M's frames, which no caption uses, and in the captions' own frames beside them.
+
+`mechanism.seed` must be the tuning seed: the study's seeds 0 and 1 are refused, so development never reads
+them (issue 68). Writes bench/results/mechanism_ladder[_NAME].md and .json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import xdbert  # noqa: F401, E402  (first: it fixes the CPU kernels and threads before torch and numpy load)
+import numpy as np  # noqa: E402
+
+STUDY_SEEDS = (0, 1)  # the study's facts and D's replication: never read before version 2 is committed
+REFERENCES = ("caption_mlm", "caption_mlm_nofacts")
+LINKED = ("data/shards", "data/corpus", "models/tokenizer", "models/pretrain_encoder", "hub.lock.json")
+
+
+def overridden(params: dict, items: list[str]) -> dict:
+    """`params` with each KEY=VALUE of `items` set (dotted key, JSON value; a bare word is a string)."""
+    for item in items:
+        key, _, text = item.partition("=")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        *path, last = key.split(".")
+        node = params
+        for part in path:
+            node = node[part]
+        if last not in node:
+            raise SystemExit(f"--set {key}: no such key in params.yaml")
+        node[last] = value
+    return params
+
+
+def prepare(project: Path, work: Path, params: dict) -> None:
+    """The work folder: the project's fact-free inputs linked, the params written."""
+    import yaml
+
+    for rel in LINKED:
+        target, link = project / rel, work / rel
+        if not target.exists():
+            raise SystemExit(f"{target} is missing: run an embedded `dvc repro` in {project} first")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(target.resolve())
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+
+
+def stage(work: Path, *args: str) -> float:
+    """Run a stage script in `work` as `dvc repro` would; its seconds."""
+    t0 = time.time()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, str(ROOT / "stages" / args[0]), *args[1:]], cwd=work, env=env, check=True)
+    return round(time.time() - t0, 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--project", type=Path, required=True, help="a project after an embedded `dvc repro` (read only)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/mechanism_ladder"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params override (the lever)")
+    ap.add_argument("--name", default="", help="the results' suffix (default: none)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+
+    from provenance import code_version, describe
+    from xdbert import io
+    from xdbert.analysis import cloze
+    from xdbert.analysis.mechanism_stats import fmt
+    from xdbert.data.mechanism import MechanismSettings
+    from xdbert.data.tokenization.vocab import load_encoder_tokenizer
+    from xdbert.model.saving import load_full
+    from xdbert.params import read_yaml_text
+
+    params = overridden(read_yaml_text((ROOT / "params.yaml").read_text(encoding="utf-8")), args.set)
+    m = MechanismSettings.from_params(params)
+    if m.seed in STUDY_SEEDS:
+        raise SystemExit(f"mechanism.seed {m.seed} is one of the study's seeds {STUDY_SEEDS}: calibrate on the tuning "
+                         f"seed (100) alone until version 2's thresholds are committed")
+    project, work = args.project.resolve(), args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    prepare(project, work, params)
+    family = params["adapt"]["family"]
+    seconds = {"captions": stage(work, "captions.py")}
+    for name in REFERENCES:
+        seconds[name] = stage(work, "adapt.py", family, name)
+
+    facts = m.facts()
+    attributes = list(facts.attributes)
+    objects = [o.sing for o in facts.captioned()]
+    real = np.array([attributes.index(facts.real[o]) for o in objects])
+    twin = np.array([attributes.index(facts.twin[o]) for o in objects])
+    g = m.gates
+    tok = load_encoder_tokenizer(str(work / "models" / "tokenizer"))
+    models = {"baseline": project / "models" / "crossmodal" / family / "baseline",
+              **{name: work / "models" / "crossmodal" / family / name for name in REFERENCES}}
+    frame_sets = {"M frames": cloze.CLOZE_FRAMES, "caption frames": cloze.caption_cloze_frames()}
+    metrics = {"baseline": io.read_json(project / "metrics" / "adapt" / family / "baseline.json"),
+               **{name: io.read_json(work / "metrics" / "adapt" / family / f"{name}.json") for name in REFERENCES}}
+    rows = {}
+    for name, folder in models.items():
+        model = load_full(folder)
+        rows[name] = {"corpus_mlm_accuracy": metrics[name]["valid_mlm_accuracy"],
+                      "steps": metrics[name]["steps"], "train_windows": metrics[name]["train_windows"]}
+        for label, frames in frame_sets.items():
+            answers = cloze.cloze_answers(model, tok, objects, attributes, frames)
+            # the twin reference is read against its own table too: it must hold the twin's facts as the real one holds its own
+            rows[name][label] = cloze.memorized(answers, real, twin, g["level"], g["n_flip"], m.seed)
+            if name == "caption_mlm_nofacts":
+                rows[name][f"{label}, own table"] = cloze.memorized(answers, twin, real, g["level"], g["n_flip"], m.seed)
+
+    result = {**code_version(), "facts_seed": m.seed, "levers": args.set, "seconds": seconds,
+              "objects": len(objects), "frames": {k: list(v) for k, v in frame_sets.items()},
+              "models": {name: {k: ({**v, "difference": v["difference"]._asdict()} if isinstance(v, dict) else v)
+                                for k, v in row.items()} for name, row in rows.items()}}
+    stem = "mechanism_ladder" + (f"_{args.name}" if args.name else "")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# Mechanism ladder, rung M: facts seed {m.seed}, levers {args.set or 'none'}", "", describe(result), "",
+             f"Each of the {len(objects)} captioned objects' fact asked at a [MASK] with the model's own MLM head, "
+             f"the four attribute words competing (chance 0.25). Real / twin: accuracy against each table; "
+             f"difference: real minus twin over objects, its {g['level']:.0%} sign-flip interval.", "",
+             "| model | corpus MLM acc | frames | real | twin | real - twin |", "|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        for label in [k for k in row if isinstance(row[k], dict)]:
+            r = row[label]
+            lines.append(f"| {name} | {row['corpus_mlm_accuracy']:.3f} | {label} | {r['real_accuracy']:.2f} | "
+                         f"{r['twin_accuracy']:.2f} | {fmt(r['difference'])} |")
+    lines += ["", "Seconds: " + ", ".join(f"{k} {v}" for k, v in seconds.items()), ""]
+    (args.out / f"{stem}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
