@@ -7,6 +7,8 @@ Table 3's variants of `adapt.family`, and the MLM head each family's `xdbert` ad
 parameters of the model it built (Table 6). When the mechanism study is on, results/mechanism.json gives the
 line under Table 1 on its gates.
 Tables 1 and 8 have rows for every family of `families`, each Δ against that family's own baseline.
+Writes metrics/headline.json (xdbert.reports.headline), the few numbers `dvc exp show` compares, and
+metrics/tables.json, every cell of Tables 1, 3 and 8 for `dvc metrics diff --targets metrics/tables.json`.
 """
 from xdbert import io, params, paths
 from xdbert.stage import run
@@ -27,6 +29,7 @@ def main() -> None:
     mechanism = io.read_json(paths.MECHANISM_METRICS) if mechanism_on else None
 
     # pandas, scikit-learn: after the checks
+    from xdbert.reports.headline import headline
     from xdbert.reports.parameters import table6
     from xdbert.reports.tables import render, results_csv, tables_metrics
 
@@ -37,7 +40,8 @@ def main() -> None:
     io.write_json(paths.AGGREGATE_JSON, results)
     io.write_text(paths.AGGREGATE_CSV, results_csv(results))
     io.write_json(paths.TABLES_METRICS, tables_metrics(results))
-    print("aggregate: wrote reports/table1.md, table3.md, table6.md, table8.md")
+    io.write_json(paths.HEADLINE, headline(results, mechanism))
+    print(f"aggregate: wrote reports/table1.md, table3.md, table6.md, table8.md and {paths.HEADLINE}")
 
 
 if __name__ == "__main__":

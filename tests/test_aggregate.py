@@ -147,6 +147,7 @@ def rows(markdown: str) -> list[str]:
 
 
 def test_each_family_has_its_rows_and_each_delta_is_against_its_own_baseline(outputs):
+    from xdbert.reports.headline import headline
     from xdbert.reports.tables import render, tables_metrics
 
     reports, results = render(AggregateSettings.from_params(two_families()), *outputs)
@@ -191,6 +192,11 @@ def test_each_family_has_its_rows_and_each_delta_is_against_its_own_baseline(out
     assert "metrics/adapt/bert/<variant>.json" in reports["table3"]
     assert "\n| mlm | 10 | 0.300 | 50.0 | - | - | - |" in reports["table3"]
     assert tables_metrics(results)["table1"]["XDELECTRA-b"] == {"rte": 0.75, "sst2": 0.70}
+    assert tables_metrics(results)["table8"]["XBERT-b"] == {"rte": t8["XBERT-b"]["rte"]["median"],
+                                                            "sst2": t8["XBERT-b"]["sst2"]["median"]}
+    # metrics/headline.json: each table's Δ cells above, in points; Table 8's whole models alone
+    assert headline(results, None) == pytest.approx({"t1_gain": (10 + 8 + 5 + 10) / 4, "t3_gain": (10 - 5) / 2,
+                                                     "t8_gain": (5 + 0 + 10 + 2) / 4})
     assert "*paper:" not in reports["table1"]  # the paper's numbers are the paper profile's
 
 

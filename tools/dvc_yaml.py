@@ -13,6 +13,11 @@ that). `read` is called on a `Recorder` of each profile's values (embedded, pape
 rehearsal's) for every family and variant of the template; the key paths read, less the template's
 `unused` keys (each with its reason), are its `params:`. params.yaml's values play no part, so the file
 is the same whichever profile is switched on.
+
+Metrics: every JSON result kept in git (`cache: false`) is declared a metric, not a plain output: DVC's run
+cache skips any stage with a plain uncached output (`Stage.run`), so `dvc exp run` back to earlier params
+would retrain instead of restoring. metrics/headline.json (xdbert.reports.headline) holds the few numbers
+that `dvc exp show` puts side by side; the README's command drops the other files' columns.
 """
 from __future__ import annotations
 
@@ -125,7 +130,7 @@ class Stage:
     foreach: str = ""              # `families` or `adapt.variants`: one stage per key
     deps: tuple[str, ...] = ()
     outs: tuple[str, ...] = ()
-    metrics: tuple[str, ...] = ()  # cache: false
+    metrics: tuple[str, ...] = ()  # cache: false (see the docstring)
     plots: tuple[str, ...] = ()    # dvclive folders: x: step, cache: false
     unused: dict[str, str] = field(default_factory=dict)  # a key read but unused -> why it must not rerun the stage
 
@@ -209,7 +214,7 @@ STAGES: dict[str, Stage] = {
     "aggregate": Stage(
         "stages/aggregate.py", deps=("results/finetune", "metrics/adapt", "results/mechanism.json"),
         outs=("reports/table1.md", "reports/table3.md", "reports/table6.md", "reports/table8.md",
-              "results/aggregate.json", "results/aggregate.csv"), metrics=("metrics/tables.json",),
+              "results/aggregate.json", "results/aggregate.csv"), metrics=("metrics/tables.json", "metrics/headline.json"),
         unused=CHECKED_VARIANTS),
     "pwcca": Stage(
         "stages/pwcca.py", deps=("models/tokenizer", "models/pretrain_encoder", "models/pretrain_clip"),
@@ -394,6 +399,7 @@ def code_deps(script: str) -> list[str]:
 def render() -> str:
     lines = ["# Written by tools/dvc_yaml.py from its STAGES: edit there and run `python tools/dvc_yaml.py`.",
              "# Code deps are each script's import closure; params are what its `read` reads (tests/test_params_lists.py).",
+             "# Metrics: every JSON result kept in git; metrics/headline.json is what the README's `dvc exp show` compares.",
              "stages:"]
     for name, stage in STAGES.items():
         pad = "      " if stage.foreach else "    "
