@@ -7,8 +7,8 @@ Table 3's variants of `adapt.family`, and the MLM head each family's `xdbert` ad
 parameters of the model it built (Table 6). When the mechanism study is on, results/mechanism.json gives the
 line under Table 1 on its gates.
 Tables 1 and 8 have rows for every family of `families`, each Δ against that family's own baseline.
-Writes metrics/headline.json (xdbert.reports.headline), the few numbers `dvc exp show` compares, and
-metrics/tables.json, every cell of Tables 1, 3 and 8 for `dvc metrics diff --targets metrics/tables.json`.
+Writes metrics/headline.json (xdbert.reports.headline), the few numbers `xdbert compare` puts side by side,
+and metrics/tables.json, every cell of Tables 1, 3 and 8 for `dvc metrics diff --targets metrics/tables.json`.
 """
 from xdbert import io, params, paths
 from xdbert.stage import run

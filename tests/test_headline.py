@@ -1,22 +1,26 @@
-"""metrics/headline.json: each table's mean Δ and the mechanism's passing gates, the metric whose columns the
-README's `dvc exp show` keeps, so that it fits a 120-column terminal (rendered here by DVC's own table code)."""
+"""metrics/headline.json: each table's mean Δ and the mechanism's passing gates, the metric whose columns
+`xdbert compare` (`dvc exp show`) keeps, so that it fits a 120-column terminal (rendered here by DVC's own table
+code)."""
 from __future__ import annotations
 
 import io as stdio
 import json
 import re
-import shlex
+import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from xdbert.cli import app
 from xdbert.errors import PipelineError
+from xdbert.params import SECTIONS
 from xdbert.profiles import values
 from xdbert.paths import HEADLINE
-from xdbert.reports.headline import headline
+from xdbert.reports.headline import KEYS, exp_show_drop, headline
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -72,7 +76,7 @@ def declared_metrics(stages: dict) -> dict[str, list[str]]:
 
 def test_the_headline_is_a_metric_and_every_result_kept_in_git_is_one():
     """DVC saves no run cache for a stage with an uncached out that is not a metric (`Stage.run`), so every JSON
-    result stays a metric, `cache: false`; the README's `dvc exp show` picks the headline's columns out of them."""
+    result stays a metric, `cache: false`; `xdbert compare` picks the headline's columns out of them."""
     for stages in (yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"],
                    yaml.safe_load(D.render())["stages"]):
         assert declared_metrics(stages)["aggregate"] == ["metrics/tables.json", str(HEADLINE)]
@@ -82,14 +86,44 @@ def test_the_headline_is_a_metric_and_every_result_kept_in_git_is_one():
 
 
 # ----------------------------------------------------------------------------------------------------
-# The README's `dvc exp show`, rendered by DVC at 120 columns
+# `xdbert compare`: its `dvc exp show`, rendered by DVC at 120 columns
 # ----------------------------------------------------------------------------------------------------
 
-def readme_command() -> list[str]:
-    """The README's `dvc exp show` line, as the arguments after `dvc`."""
-    line = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-                if line.startswith("dvc exp show"))
-    return shlex.split(line.split("  #")[0])[1:]
+def compare(monkeypatch, *args: str, returncode: int = 0):
+    """`xdbert compare ARGS`'s result and the command it ran, which exits with `returncode`."""
+    ran = []
+
+    def run(command, **kwargs):
+        ran.append((command, kwargs))
+        return subprocess.CompletedProcess(command, returncode)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    result = CliRunner().invoke(app, ["compare", *args])
+    assert len(ran) == 1 and ran[0][1] == {}, ran  # one run, no shell
+    return result, ran[0][0]
+
+
+def compare_command(monkeypatch) -> list[str]:
+    """The `dvc exp show` that `xdbert compare` runs, as the arguments after `dvc`."""
+    return compare(monkeypatch)[1][1:]
+
+
+@pytest.mark.parametrize("args", [[], ["--md"], ["-n", "5", "--csv"], ["--sort-by", "t1_gain", "--drop", "x"]])
+def test_compare_runs_dvc_exp_show_with_the_pattern_and_its_arguments(monkeypatch, args):
+    result, command = compare(monkeypatch, *args, returncode=3)
+    assert command == ["dvc", "exp", "show", "--only-changed", "--drop", exp_show_drop(SECTIONS), *args]
+    assert result.exit_code == 3  # dvc's own: a script sees its failure
+    assert compare(monkeypatch, *args)[0].exit_code == 0
+
+
+def test_compare_without_dvc_says_so_in_one_line(monkeypatch):
+    def missing(command, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", command[0])
+
+    monkeypatch.setattr(subprocess, "run", missing)
+    result = CliRunner().invoke(app, ["compare"])
+    assert result.exit_code == 2, result
+    assert result.output.startswith("error: `dvc` is not on PATH") and result.output.count("\n") == 1, result.output
 
 
 def flat(tree: dict, prefix: str = "") -> dict:
@@ -130,7 +164,7 @@ def moved(tree):
 
 
 def exp_show(monkeypatch, key: str, before: dict, after: dict) -> list[str]:
-    """The lines `dvc <README's exp show>` prints at 120 columns after one experiment that set `key` of the
+    """The lines `xdbert compare`'s `dvc exp show` prints at 120 columns after one experiment that set `key` of the
     embedded profile's params (1 before it), whose headline went from `before` to `after` and which changed every
     number of every other metrics file; the workspace holds the experiment, as after `dvc exp run`. Each row's
     deps include an adaptation whose hash the experiment changed."""
@@ -142,7 +176,7 @@ def exp_show(monkeypatch, key: str, before: dict, after: dict) -> list[str]:
     from dvc.ui import ui
     from rich.console import Console
 
-    args = parse_args(readme_command())
+    args = parse_args(compare_command(monkeypatch))
     params = values("embedded")
     results = committed_results()
 
@@ -185,6 +219,7 @@ def test_the_widest_headline_is_as_assumed():
     assert BEFORE == {"t1_gain": -12.34, "t3_gain": -12.34, "t8_gain": -12.34, "gates": "ABCDE pass",
                       "ladder": "none pass"}
     assert set(AFTER) == set(BEFORE) and all(AFTER[k] != BEFORE[k] for k in AFTER)
+    assert tuple(BEFORE) == KEYS  # the columns `xdbert compare` keeps are all the headline writes
 
 
 @pytest.mark.parametrize("key, before, after", [
@@ -195,7 +230,7 @@ def test_the_widest_headline_is_as_assumed():
     # the longest key of the embedded profile, Table 3's gain alone
     (max(flat(values("embedded")), key=len), BEFORE, BEFORE | {"t3_gain": AFTER["t3_gain"]}),
 ])
-def test_readmes_exp_show_after_one_key_fits_120_columns_every_column_readable(monkeypatch, key, before, after):
+def test_compare_after_one_key_fits_120_columns_every_column_readable(monkeypatch, key, before, after):
     lines = exp_show(monkeypatch, key, before, after)
     text = "\n".join(lines)
     assert max(map(len, lines)) <= 120 and "…" not in text, text  # DVC collapses what does not fit into "…"
@@ -206,10 +241,13 @@ def test_readmes_exp_show_after_one_key_fits_120_columns_every_column_readable(m
     assert str(after["t3_gain"]) in experiment and str(before["t3_gain"]) in main and "dusty-aces" in experiment
 
 
-def test_readmes_exp_show_drops_no_params_column():
-    """Its `--drop` spares a param's column by the params section it starts with: any key of either profile."""
+def test_compare_drops_no_params_column(monkeypatch):
+    """Its `--drop` spares a param's column by the params section it starts with: any key of either profile, and
+    those of a section added to params.SECTIONS without another edit."""
     from dvc.cli import parse_args
 
-    drop = re.compile("|".join(parse_args(readme_command()).drop))  # as `dvc exp show` joins them
+    drop = re.compile("|".join(parse_args(compare_command(monkeypatch)).drop))  # as `dvc exp show` joins them
     keys = {key for profile in ("embedded", "paper") for key in flat(values(profile))} - {"profile"}
     assert [key for key in sorted(keys) if drop.match(key)] == []  # `profile` is switched by `xdbert profile`
+    assert re.match(exp_show_drop(SECTIONS), "newsection.epochs")
+    assert not re.match(exp_show_drop((*SECTIONS, "newsection")), "newsection.epochs")

@@ -399,7 +399,7 @@ def code_deps(script: str) -> list[str]:
 def render() -> str:
     lines = ["# Written by tools/dvc_yaml.py from its STAGES: edit there and run `python tools/dvc_yaml.py`.",
              "# Code deps are each script's import closure; params are what its `read` reads (tests/test_params_lists.py).",
-             "# Metrics: every JSON result kept in git; metrics/headline.json is what the README's `dvc exp show` compares.",
+             "# Metrics: every JSON result kept in git; metrics/headline.json is what `xdbert compare` shows.",
              "stages:"]
     for name, stage in STAGES.items():
         pad = "      " if stage.foreach else "    "

@@ -1,5 +1,5 @@
-"""The `xdbert` console script: switching profiles, checking params, fetching hub assets; the pipeline itself
-runs through `dvc repro`."""
+"""The `xdbert` console script: switching profiles, checking params, fetching hub assets, comparing experiments;
+the pipeline itself runs through `dvc repro`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -125,6 +125,25 @@ def rehearse(out: Path = typer.Option(..., "--out", help="a new folder: the clon
                    f"profile's code path runs, not the paper's numbers):")
         for path in reports:
             typer.echo(f"  {path}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def compare(ctx: typer.Context) -> None:
+    """Show the experiments side by side: the params they changed and metrics/headline.json (each table's mean Δ,
+    the mechanism's passing gates), through `dvc exp show --only-changed` with every other metric's column dropped
+    (a thousand of them would not fit a terminal). Extra arguments go to `dvc exp show` (`--md`, `-n 5`, `--csv`)."""
+    import subprocess
+
+    from xdbert.reports.headline import exp_show_drop
+
+    command = ["dvc", "exp", "show", "--only-changed", "--drop", exp_show_drop(params.SECTIONS), *ctx.args]
+    try:
+        done = subprocess.run(command)
+    except FileNotFoundError:
+        typer.echo("error: `dvc` is not on PATH; run xdbert compare from the environment the project is installed in "
+                   "(pip install -c constraints.txt -e .)", err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(done.returncode)
 
 
 @app.command()

@@ -43,7 +43,7 @@ REPORTS = Path("reports")
 AGGREGATE_JSON = Path("results/aggregate.json")
 AGGREGATE_CSV = Path("results/aggregate.csv")
 TABLES_METRICS = Path("metrics/tables.json")   # every cell of Tables 1, 3 and 8, for `dvc metrics diff --targets`
-HEADLINE = Path("metrics/headline.json")       # what the README's `dvc exp show` compares
+HEADLINE = Path("metrics/headline.json")       # what `xdbert compare` (dvc exp show) puts side by side
 # stage `pwcca`
 PWCCA_METRICS = Path("results/pwcca.json")
 # stage `grounding`

@@ -1,4 +1,4 @@
-"""metrics/headline.json: the few numbers `dvc exp show` puts side by side, the metrics it keeps.
+"""metrics/headline.json: the few numbers `xdbert compare` (`dvc exp show`) puts side by side.
 
     t1_gain  Table 1: the adapted encoders (XD<label>) against their own family's baseline
     t3_gain  Table 3: the ablations and controls of `adapt.family` against its baseline
@@ -12,7 +12,8 @@ so a positive gain is better everywhere. One column per table, not per row: an e
 adaptations changes every row (ten in the embedded profile, more in the paper's), more columns than a
 120-column terminal holds beside the experiment's name and the param it changed. Every cell stays in
 metrics/tables.json, which `dvc metrics diff HEAD <experiment> --targets metrics/tables.json` reads; it and the
-other metrics files are columns of `dvc exp show` too, which the README's `--drop` leaves out.
+other metrics files are columns of `dvc exp show` too, over a thousand, which `xdbert compare` drops
+(`exp_show_drop`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from xdbert.errors import PipelineError
 # The mechanism stage's state of a gate or rung that holds (xdbert.analysis.mechanism_stats.PASS); not imported, so
 # that an edit of the study's statistics does not rerun this stage.
 PASS = "PASS"
+
+# The columns `headline` writes, as `dvc exp show` names them: the only metrics `xdbert compare` keeps.
+KEYS = ("t1_gain", "t3_gain", "t8_gain", "gates", "ladder")
 
 
 def gain(rows: dict[str, dict[str, dict]]) -> float | None:
@@ -57,3 +61,13 @@ def headline(results: dict, mechanism: dict | None) -> dict:
         if "ladder" in mechanism:
             out["ladder"] = passing(mechanism["ladder"], "ladder rungs")
     return out
+
+
+def exp_show_drop(sections) -> str:
+    """The `--drop` pattern of `dvc exp show` that `xdbert compare` passes: it drops every column (matched from its
+    start) but the experiment's name, the headline's KEYS and the params of `sections` (params.yaml's, each column
+    `<section>.<key>`). results/grounding.json's columns `tasks.<task>.<...>` start like the `tasks` section's, so of
+    `tasks.` only one-word keys and `tasks.train_sizes.<task>` are spared; and a headline key is spared by its whole
+    name, so results/mechanism.json's `gates.<gate>...` and `ladder.<rung>...` are dropped."""
+    params = "|".join(sorted(set(sections) - {"tasks"}))
+    return rf"(?!Experiment$|({'|'.join(KEYS)})$|tasks\.(\w+$|train_)|({params})\.)"
