@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from xdbert import io
 from xdbert import params as P
+from xdbert.adaptation.pretrain_settings import PretrainSettings
+from xdbert.adaptation.settings import AdaptSettings
 from xdbert.analysis.mechanism_study import NEEDED, Plan, check_inputs, replication_claim, study
-from xdbert.data.mechanism import VIS, MechanismSettings
+from xdbert.data.mechanism import CAPTION_MLM, VIS, MechanismSettings
 from xdbert.errors import PipelineError
 from xdbert.finetuning.control.runs import Study
 from xdbert.model.families import ablation_family
@@ -34,7 +36,10 @@ def read(p: dict) -> Plan:
         raise PipelineError(f"the mechanism study's gates need the rows {', '.join(missing)}: list them in "
                             f"`mechanism.models`, `mechanism.full_models` (as the name after full_) or "
                             f"`mechanism.clip_towers`")
-    return Plan(p["profile"], s, family, tasks_seed, runs)
+    clip = PretrainSettings.clip_from_params(p, P.get(P.section(p, "model"), "clip_pretrained", "model"))
+    reference = AdaptSettings.from_params(p, CAPTION_MLM) if s.enabled else None
+    return Plan(p["profile"], s, family, tasks_seed, runs, None if clip is None else (clip.steps, clip.batch_size),
+                (reference.batch_size, reference.attribute_mlm_prob or reference.mlm_prob) if reference else (0, 0.0))
 
 
 def main() -> None:

@@ -99,6 +99,17 @@ def build_project(root, leak: bool = False, d_holds: bool = False) -> dict:
             facts_encoder(model, tok, facts, attributes)
         model.save_pretrained(root / folder)
 
+    # the captions and the caption references' steps: their exposures per fact
+    from xdbert.data.captions import write_coco_captions
+    from xdbert.data.synthetic.world import captions
+
+    (root / paths.CAPTIONS).mkdir(parents=True)
+    for table, name in (("real", "captions.json"), ("twin", "captions_nofacts.json")):
+        write_coco_captions(captions(facts, table, 400, 0.5, 1.0, 0.5, 0), root / paths.CAPTIONS / name)
+    for m in ("caption_mlm", "caption_mlm_nofacts"):
+        (root / paths.ADAPT_METRICS / fam).mkdir(parents=True, exist_ok=True)
+        (root / paths.ADAPT_METRICS / fam / f"{m}.json").write_text(json.dumps({"steps": 50, "train_windows": 100}))
+
     # the tasks: vis (dev, its kinds) and the control task
     dev_labels = np.array([r[3] for r in examples["dev"]])
     kinds = np.array([m["kind"] if m["kind"] != "T" else None for m in meta], dtype=object)
@@ -168,6 +179,13 @@ def test_stage_writes_every_gate_with_its_numbers(clean, monkeypatch):
     assert md.index("## Calibration ladder") < md.index("## Gates") and "| M | " in md and "| R | " in md
     assert result["ladder"]["M"]["state"] == "FAIL" and result["ladder"]["R"]["state"] == "FAIL"
     assert result["gates"]["D"]["state"] == "uninformative" and "rung M failed, so D is not read" in md
+    # exposures: 200 fact captions, all stating the own fact, over the 72 captioned objects; the references read
+    # each window 50 steps x 8 (micro's batch) / 100 windows = 4 times, at micro's rate (0: its mlm_prob, 0.15)
+    exposure = result["exposures"]
+    assert set(exposure) == {"tower pretrain_clip", "tower pretrain_clip_nofacts", "caption_mlm", "caption_mlm_nofacts"}
+    assert exposure["caption_mlm"]["mean"] == pytest.approx(200 / 72 * 4 * 0.15)
+    assert 0 < exposure["tower pretrain_clip"]["mean"] < exposure["caption_mlm"]["mean"] * 100
+    assert "| caption_mlm | masked attribute word (rate 0.15) |" in md
     m = result["memorized"]["caption_mlm"]
     assert 0 <= m["real_accuracy"] <= 1 and m["difference"]["low"] <= 0 <= m["difference"]["high"]
     for row in ("baseline", "xdbert", "nofacts", "full_xdbert", "full_nofacts", "clip_t", "clip_nofacts_t"):

@@ -228,7 +228,8 @@ STAGES: dict[str, Stage] = {
     "mechanism": Stage(
         "stages/mechanism.py",
         deps=("models/pretrain_clip", "models/pretrain_clip_nofacts", "models/pretrain_encoder", "models/adapted",
-              "models/crossmodal", "models/tokenizer", "data/tasks", "data/corpus",
+              "models/crossmodal", "models/tokenizer", "data/tasks", "data/corpus", "data/captions",
+              "metrics/adapt  # the caption references' steps and windows: their exposures per fact",
               "results/finetune  # whole: the runs of `mechanism.models`, `full_models` and `clip_towers`",
               "inputs/replications  # whole: the file `mechanism.replication` names is one of them"),
         outs=("reports/mechanism.md",), metrics=("results/mechanism.json",),

@@ -172,7 +172,8 @@ def records_json(records: Sequence[S.Gate]) -> dict:
 def report_markdown(head: str, ladder: Sequence[S.Gate], gates: Sequence[S.Gate], rows: Mapping[str, Mapping[str, S.Interval]],
                     n: Mapping[str, str], chance: Mapping[str, tuple[float, float]], bow: Mapping,
                     probes: Mapping[str, dict], settings: Mapping, control_task: str,
-                    notes: Mapping[str, str] | None = None, reference: S.Interval | None = None) -> str:
+                    notes: Mapping[str, str] | None = None, reference: S.Interval | None = None,
+                    exposures: Mapping[str, dict] | None = None) -> str:
     """reports/mechanism.md: header, the calibration ladder, gates, the rows x columns cells, the probe at the cross layers' input,
     the settings, and the plain statement of a null D. `notes`: what a row is, after its name in both tables
     (the caption control: the upper reference); `reference`: the upper reference minus the baseline on F+
@@ -181,7 +182,13 @@ def report_markdown(head: str, ladder: Sequence[S.Gate], gates: Sequence[S.Gate]
         return f"{label} ({notes[label]})" if notes and label in notes else label
 
     out = [head, "## Calibration ladder", "", "Read before the gates: D is read only where M and R pass.", "",
-           S.records_table(ladder, "rung"), "## Gates", "", S.gates_markdown(gates, reference)]
+           S.records_table(ladder, "rung")]
+    if exposures:
+        out += ["Exposures per fact (training targets that state a captioned object's own attribute; XDBERT and the "
+                "other adapted encoders read no caption):", "", "| model | target | mean | min | max |", "|---|---|---|---|---|"]
+        out += [f"| {name} | {e['target']} | {e['mean']:.0f} | {e['min']:.0f} | {e['max']:.0f} |" for name, e in exposures.items()]
+        out += [""]
+    out += ["## Gates", "", S.gates_markdown(gates, reference)]
     d = next(g for g in gates if g.name == "D")
     if d.state == S.FAIL:
         out += [f"**D is null**: XDBERT does not beat `nofacts` on F+ as the claim needs; the F+ difference's "

@@ -18,8 +18,10 @@ from xdbert import params as P
 from xdbert.data.mechanism import CAPTION_MLM, CAPTION_MLM_NOFACTS, NOFACTS, VIS, MechanismSettings
 from xdbert.errors import PipelineError
 from xdbert.finetuning.control.runs import Run
+from xdbert.data.captions import CAPTIONS_FILE, NOFACTS_FILE
 from xdbert.paths import (
-    CORPUS, MODELS, PRETRAIN_CLIP, TASKS, TOKENIZER, VIS_KINDS, adapted, crossmodal, predictions, pretrain_encoder,
+    ADAPT_METRICS, CAPTIONS, CORPUS, MODELS, PRETRAIN_CLIP, PRETRAIN_CLIP_NOFACTS, TASKS, TOKENIZER, VIS_KINDS, adapted, crossmodal,
+    predictions, pretrain_encoder,
 )
 
 REPLICATIONS = Path("inputs/replications")  # gate D's runs on other facts: a dep of this stage, so a changed one reruns it
@@ -28,6 +30,7 @@ NEEDED = {CAPTION_MLM: "rungs M and R", CAPTION_MLM_NOFACTS: "rung R", "clip_t":
           "full_xdbert": "gate B", "full_nofacts": "gate B", "baseline": "rung M and gate C", P.PROPOSED: "gates D and E",
           NOFACTS: "gates D and E"}
 CLOZED = (CAPTION_MLM, P.BASELINE)  # the models rung M asks with their own MLM head (their whole models: the head)
+REFERENCES = {CAPTION_MLM: "real", CAPTION_MLM_NOFACTS: "twin"}  # the caption references and the table they read
 
 
 class Plan(NamedTuple):
@@ -38,6 +41,8 @@ class Plan(NamedTuple):
     family: str                 # adapt.family: the encoders and whole models of the study
     tasks_seed: int             # the tasks stage's seed: the vis examples of each bag-of-words facts seed
     runs: dict[str, dict[str, Run]]  # vis and the control task -> row label -> run (empty when the study is off)
+    tower_reads: tuple[int, int] | None  # the CLIP stand-ins' (steps, batch size); None: pretrained, not trained here
+    reference_reads: tuple[int, float]   # the caption references' batch size and their attribute words' target rate
 
 
 def model_folders(plan: Plan) -> dict[str, tuple[Path, str]]:
@@ -68,6 +73,8 @@ def check_inputs(plan: Plan, control_split: str) -> None:
             raise PipelineError(f"`mechanism.replication` must name a file in {REPLICATIONS}/, the folder this stage "
                                 f"depends on (so that a changed file reruns it), or be \"\"; got {plan.s.replication!r}")
         files.append(Path(plan.s.replication))
+    files += [CAPTIONS / name for name in (CAPTIONS_FILE, NOFACTS_FILE)]
+    files += [ADAPT_METRICS / plan.family / f"{m}.json" for m in REFERENCES]
     for f in files:
         if not f.is_file():
             raise PipelineError(f"missing file {f}: run the stage that writes it first (`dvc repro`)"
@@ -228,6 +235,8 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
     # the caption control reads the facts directly: whether even it shows them tells what a null D means
     reference = diff(CAPTION_MLM, P.BASELINE, "F+") if CAPTION_MLM in correct else None
 
+    exposure = exposures_per_fact(plan, facts, words)
+
     settings = {"facts seed (`mechanism.seed`)": s.seed, "gates (`mechanism.gates`)": ", ".join(f"{k} {v}" for k, v in g.items()),
                 "probe objects": f"{len(objects)} captioned (train + dev_captioned), {s.sentences} neutral sentences",
                 "corpus baseline": f"context-word counts within {CONTEXT_WINDOW} words over {CORPUS}/train.parquet",
@@ -239,7 +248,7 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
     result = {"profile": plan.profile, "enabled": True, "facts_seed": s.seed, "thresholds": dict(g),
               "summary": S.summary(gates, reference),
               **({"upper_reference": M.interval_json(reference)} if reference else {}),
-              "ladder": M.records_json(ladder), "gates": M.records_json(gates),
+              "ladder": M.records_json(ladder), "gates": M.records_json(gates), "exposures": exposure,
               "memorized": {m: {**r, "difference": M.interval_json(r["difference"])} for m, r in memory.items()},
               "claim": M.claim_json(claim), "gate_e": dict(zip(("improved_f_plus", "improved_f0", "worsened_f_plus",
                                                                  "worsened_f0"), counts)),
@@ -253,4 +262,28 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
     notes = {CAPTION_MLM: "upper reference: MLM on the captions that state the facts, beside corpus windows",
              CAPTION_MLM_NOFACTS: "its twin: the same on the twin's captions"}
     return result, M.report_markdown(head, ladder, gates, rows, n, chance, bow, shown, settings, s.control_task, notes,
-                                     reference)
+                                     reference, exposure)
+
+
+def exposures_per_fact(plan: Plan, facts, objects: list[str]) -> dict[str, dict]:
+    """Each caption-reading model's exposures per captioned object's fact (xdbert.analysis.exposures): the two CLIP
+    stand-ins (next-token targets after the object) and the two caption references (masked targets); the encoders
+    the study adapts read no caption."""
+    from xdbert.analysis import exposures as X
+    from xdbert.data.provided import read_coco_captions
+
+    captions = {"real": read_coco_captions(CAPTIONS / CAPTIONS_FILE), "twin": read_coco_captions(CAPTIONS / NOFACTS_FILE)}
+    out = {}
+    if plan.tower_reads is not None:
+        steps, batch = plan.tower_reads
+        for tower, table in ((PRETRAIN_CLIP.name, "real"), (PRETRAIN_CLIP_NOFACTS.name, "twin")):
+            seen = X.passes(steps, batch, plan.s.caption_share, len(captions[table]))
+            counts = X.statements(captions[table], objects, getattr(facts, table), after_only=True)
+            out[f"tower {tower}"] = {**X.summary(counts * seen), "target": "next token, attribute after the object"}
+    batch, rate = plan.reference_reads
+    for m, table in REFERENCES.items():
+        metrics = io.read_json(ADAPT_METRICS / plan.family / f"{m}.json")
+        seen = X.passes(metrics["steps"], batch, 1.0, metrics["train_windows"])  # every window as often
+        counts = X.statements(captions[table], objects, getattr(facts, table), after_only=False)
+        out[m] = {**X.summary(counts * seen * rate), "target": f"masked attribute word (rate {rate:g})"}
+    return out
