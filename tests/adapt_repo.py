@@ -35,4 +35,6 @@ def build_repo(root: Path, n_captions: int) -> Path:
     build_masked_lm("random:bert", TINY_BERT, vocab_size).save_pretrained(root / "models" / "pretrain_encoder" / "bert")
     (root / "data" / "captions").mkdir(parents=True)
     write_coco_captions(generate_captions(n_captions, seed=0), root / "data" / "captions" / "captions.json")
+    # the twin reference's captions (`adapt.text: captions_nofacts`): other captions of the same kind
+    write_coco_captions(generate_captions(n_captions, seed=1), root / "data" / "captions" / "captions_nofacts.json")
     return root

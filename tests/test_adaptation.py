@@ -614,7 +614,10 @@ def adapt_in_processes(repo: Path, root: Path, world: int) -> list[subprocess.Co
     """Every variant through the stage's own code, in `world` processes together (gloo), each rank in its
     own copy of the folder so what each one writes can be told apart."""
     changes = {**TINY_MODEL, "model.seed": 0, "adapt.epochs": 1, "adapt.batch_size": 8, "adapt.micro_batch_size": 2,
-               "adapt.eval_windows": 4, "adapt.checkpoint_every": 2, "adapt.warmup_ratio": 0.0}
+               "adapt.eval_windows": 4, "adapt.checkpoint_every": 2, "adapt.warmup_ratio": 0.0,
+               # the caption references at one epoch, their attribute words as any word (the tiny vocabulary cuts them)
+               **{f"adapt.variants.{v}.{k}": x for v in ("caption_mlm", "caption_mlm_nofacts")
+                  for k, x in (("epochs", 1), ("attribute_mlm_prob", 0.0))}}
     for rank in range(world):
         for variant in VARIANTS:
             folder = root / f"rank{rank}" / variant
