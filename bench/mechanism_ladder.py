@@ -4,7 +4,7 @@ ladder's models and numbers in minutes, not a repro.
     python bench/mechanism_ladder.py --project DIR [--work DIR] [--set KEY=VALUE ...] [--name NAME]
 
 DIR is a project after an embedded `dvc repro`; it is only read: its token shards, tokenizer, `pretrain_encoder`
-and baseline adaptation, none of which depends on the facts. In --work, with this checkout's params.yaml and
+and baseline adaptation, none of which depends on the facts. In --work, with the embedded profile's params and
 the --set overrides (dotted keys, JSON values: `--set mechanism.caption_frames=3`), the stages `captions`,
 `ablate@caption_mlm` and `ablate@caption_mlm_nofacts` run as `dvc repro` runs them, then rung M reads the
 upper reference, its twin and the baseline: each captioned object's fact asked with the model's own MLM head
@@ -35,28 +35,23 @@ REFERENCES = ("caption_mlm", "caption_mlm_nofacts")
 LINKED = ("data/shards", "data/corpus", "models/tokenizer", "models/pretrain_encoder", "hub.lock.json")
 
 
-def overridden(params: dict, items: list[str]) -> dict:
-    """`params` with each KEY=VALUE of `items` set (dotted key, JSON value; a bare word is a string)."""
+def lever_params(items: list[str]) -> str:
+    """The embedded profile's params.yaml text with each KEY=VALUE of `items` set (dotted key, JSON value; a bare
+    word is a string), marked as the lever (`profiles.render`, as `xdbert profile` writes it)."""
+    from xdbert import profiles
+
+    changes = {}
     for item in items:
         key, _, text = item.partition("=")
         try:
-            value = json.loads(text)
+            changes[tuple(key.split("."))] = json.loads(text)
         except json.JSONDecodeError:
-            value = text
-        *path, last = key.split(".")
-        node = params
-        for part in path:
-            node = node[part]
-        if last not in node:
-            raise SystemExit(f"--set {key}: no such key in params.yaml")
-        node[last] = value
-    return params
+            changes[tuple(key.split("."))] = text
+    return profiles.render("embedded", changes, note="this run's lever")
 
 
-def prepare(project: Path, work: Path, params: dict) -> None:
+def prepare(project: Path, work: Path, params_text: str) -> None:
     """The work folder: the project's fact-free inputs linked, the params written."""
-    import yaml
-
     for rel in LINKED:
         target, link = project / rel, work / rel
         if not target.exists():
@@ -64,7 +59,7 @@ def prepare(project: Path, work: Path, params: dict) -> None:
         link.parent.mkdir(parents=True, exist_ok=True)
         if not link.is_symlink():
             link.symlink_to(target.resolve())
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    (work / "params.yaml").write_text(params_text, encoding="utf-8")
 
 
 def stage(work: Path, *args: str) -> float:
@@ -93,14 +88,15 @@ def main() -> None:
     from xdbert.model.saving import load_full
     from xdbert.params import read_yaml_text
 
-    params = overridden(read_yaml_text((ROOT / "params.yaml").read_text(encoding="utf-8")), args.set)
+    params_text = lever_params(args.set)
+    params = read_yaml_text(params_text)
     m = MechanismSettings.from_params(params)
     if m.seed in STUDY_SEEDS:
         raise SystemExit(f"mechanism.seed {m.seed} is one of the study's seeds {STUDY_SEEDS}: calibrate on the tuning "
                          f"seed (100) alone until version 2's thresholds are committed")
     project, work = args.project.resolve(), args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    prepare(project, work, params)
+    prepare(project, work, params_text)
     family = params["adapt"]["family"]
     seconds = {"captions": stage(work, "captions.py")}
     for name in REFERENCES:
