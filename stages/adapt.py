@@ -96,8 +96,9 @@ def main() -> None:
     from xdbert.data.provided import read_coco_captions
     from xdbert.data.tokenization.clip_bpe import clip_fast_tokenizer
     from xdbert.data.tokenization.vocab import check_shared_vocabulary
-    from xdbert.data.tokenization.word_ids import single_ids
-    from xdbert.model.build import build_xdbert, check_clip_heads
+    from xdbert.data.tokenization.word_ids import shared_single_ids, single_ids
+    from xdbert.model import controls
+    from xdbert.model.build import build_xdbert, check_clip_heads, shard_clip_ids
     from xdbert.model.modeling import PARTS, count_parameters
     from xdbert.model.saving import save_adapted, save_full
 
@@ -126,8 +127,14 @@ def main() -> None:
 
     xdbert = build_xdbert(model, settings, vocab_size=len(tok), clip_blocks=manifest["n_blocks"], clip_eot_id=eot,
                           splits=(train, valid), clip_tower=paths.MODELS / settings.clip_tower)
+    kl = {}
+    if "kl" in settings.losses:  # rung T: the words each vocabulary has as one token, that the tower learned to predict
+        encoder_ids, clip_ids = shared_single_ids(tok, clip_fast_tokenizer(model.clip), shard_clip_ids((train,)).tolist())
+        controls.restrict_kl(xdbert, torch.tensor(encoder_ids), torch.tensor(clip_ids))
+        kl = {"kl_ids": encoder_ids}
+        print(f"{stage}: kl over {len(encoder_ids):,} words that are one token in both vocabularies", flush=True)
     make_batch = BatchMaker(settings, manifest["n_blocks"], attribute_ids, vocab_size=len(tok),
-                            special_ids=tok.all_special_ids, mask_id=tok.mask_token_id, eot_id=eot)
+                            special_ids=tok.all_special_ids, mask_id=tok.mask_token_id, eot_id=eot, **kl)
     checkpoint = paths.adapt_checkpoint(family, variant)
     # The plots (a DVC output) are written aside and renamed when training ends: a run that fails
     # (a damaged checkpoint, a full disk) leaves the last complete plots, and a resumed run replays its

@@ -425,8 +425,9 @@ def test_variant_settings_apply_overrides_and_name_the_key_a_value_came_from():
     with pytest.raises(PipelineError, match=r"`adapt.baseline.cross_layers` must be an integer >= 0 \(0: the MLM-only baseline\); got -1"):
         AdaptSettings.from_params(p, "baseline")
     p["adapt"]["baseline"].update(cross_layers=0, losses=["mlm", "match"])
-    with pytest.raises(PipelineError, match=r"`adapt.baseline.cross_layers: 0` \(the MLM-only baseline\) allows only "
-                                            r"`adapt.baseline.losses: \[mlm\]` without placeholder; got losses \['mlm', 'match'\]"):
+    with pytest.raises(PipelineError, match=r"`adapt.baseline.cross_layers: 0` \(the MLM-only baseline, or it with an "
+                                            r"encoder-side control\) allows only `adapt.baseline.losses: \[mlm\]` with distill "
+                                            r"or kl besides, without placeholder; got losses \['mlm', 'match'\]"):
         AdaptSettings.from_params(p, "baseline")
     p["adapt"]["baseline"]["losses"] = ["mlm"]
     for key, value, allowed in (("mlm_prob", 0, "above 0"), ("match_prob", 1.0, "above 0 and below 1")):
@@ -469,14 +470,14 @@ ERRORS = {
     "ablation_of_another_family": ("electra/mlm", TWO_FAMILIES, False,
                                    ["ablation variant 'mlm' is adapted on `adapt.family` (bert) only", "xdbert and baseline"]),
     "bad_family_decay": ("xdbert", {"families.bert.layer_lr_decay": 0}, False, ["`families.bert.layer_lr_decay` must be in (0, 1]"]),
-    "empty_losses": ("xdbert", {"adapt.losses": []}, False, ["`adapt.losses` is empty", "mlm, match, cliptc, distill"]),
-    "unknown_loss": ("xdbert", {"adapt.losses": ["mlm", "itm"]}, False, ["`adapt.losses`", "'itm'", "allowed: mlm, match, cliptc, distill"]),
+    "empty_losses": ("xdbert", {"adapt.losses": []}, False, ["`adapt.losses` is empty", "mlm, match, cliptc, distill, kl"]),
+    "unknown_loss": ("xdbert", {"adapt.losses": ["mlm", "itm"]}, False, ["`adapt.losses`", "'itm'", "allowed: mlm, match, cliptc, distill, kl"]),
     "zero_epochs": ("xdbert", {"adapt.epochs": 0}, False, ["`adapt.epochs` must be a positive integer; got 0"]),
     "variant_epochs": ("two_epochs", {"adapt.variants.two_epochs": {"epochs": 0}}, False,
                        ["`adapt.variants.two_epochs.epochs` must be a positive integer; got 0"]),
     "negative_lr": ("xdbert", {"adapt.lr": -1}, False, ["`adapt.lr` must be a positive number; got -1"]),
     "unknown_loss_weight": ("xdbert", {"adapt.loss_weights": {"mlm": 1.0, "itm": 2.0}}, False,
-                            ["`adapt.loss_weights` names itm, which is not a loss; allowed: mlm, match, cliptc, distill"]),
+                            ["`adapt.loss_weights` names itm, which is not a loss; allowed: mlm, match, cliptc, distill, kl"]),
     "zero_loss_weight": ("mlm_match", {"adapt.variants.mlm_match": {"loss_weights": {"match": 0}}}, False,
                          ["`adapt.variants.mlm_match.loss_weights.match` must be a positive number; got 0"]),
     "negative_init_range": ("xdbert", {"adapt.init_range": -0.02}, False, ["`adapt.init_range` must be a positive number; got -0.02"]),

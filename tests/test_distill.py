@@ -20,7 +20,8 @@ from xdbert.adaptation.masking import distill_targets
 from xdbert.adaptation.settings import AdaptSettings
 from xdbert.errors import PipelineError
 from xdbert.model import IGNORE_INDEX
-from xdbert.model.modeling import PARTS, XDBertConfig, XDBertModel, count_parameters, locate
+from xdbert.model import controls
+from xdbert.model.modeling import PARTS, XDBertConfig, XDBertModel, count_parameters, locate, target_positions
 from xdbert.profiles import values
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -118,13 +119,14 @@ def test_the_loss_is_zero_when_the_map_reproduces_the_targets_and_reads_the_alig
     with torch.no_grad():
         m.distill_map.weight.copy_(weight)
         m.distill_map.bias.copy_(bias)
-    out = {}
-    m._distill_loss(out, language, clip, labels)
-    assert out["distill_loss"].item() < 1e-6 and out["distill_count"].item() == 5
-    m._distill_loss(out, language, clip, labels.roll(1, dims=0))  # the same positions of the other window
-    assert out["distill_loss"].item() > 0.3
-    m._distill_loss(out, language, clip, torch.full_like(labels, N))  # no targets: 0, not NaN
-    assert out["distill_loss"].item() == 0 and out["distill_count"].item() == 0
+    def loss(labels):  # what the forward computes from its states (xdbert.model.controls)
+        out, positions = {}, target_positions(labels)
+        m._control_loss(out, "distill", controls.distill_distance(m.distill_map, language, clip, labels, positions), positions)
+        return out["distill_loss"].item(), out["distill_count"].item()
+
+    assert loss(labels)[0] < 1e-6 and loss(labels)[1] == 5
+    assert loss(labels.roll(1, dims=0))[0] > 0.3  # the same positions of the other window
+    assert loss(torch.full_like(labels, N)) == (0, 0)  # no targets: 0, not NaN
 
 
 def test_a_few_steps_lower_it():
@@ -185,7 +187,7 @@ def test_a_variant_with_distill_and_its_weight_is_accepted():
     ({"losses": DISTILL, "loss_weights": None}, "`adapt.variants.distill.loss_weights` must give distill a weight"),
     ({"losses": ["mlm", "distill"], "placeholder": True, "loss_weights": WEIGHTS},
      "`adapt.variants.distill.placeholder: true` has no CLIP tower whose states distill could target"),
-    ({"losses": ["mlm", "itm"]}, "allowed: mlm, match, cliptc, distill"),
+    ({"losses": ["mlm", "itm"]}, "allowed: mlm, match, cliptc, distill, kl"),
 ])
 def test_a_distill_variant_without_what_it_needs_is_refused(override, message):
     with pytest.raises(PipelineError, match=message.replace("[", r"\[")):

@@ -296,7 +296,7 @@ SCHEMA: dict[str, Spec] = {
     "adapt.clip_tower": spec(st.sampled_from(CLIP_TOWERS), wrong("text"),  # the twin only where the study is on
                              when_on(WORD, st.just(PRETRAIN_CLIP_NOFACTS.name))),
     "adapt.freeze_clip": FLAG, "adapt.mlm_negatives": FLAG, "adapt.compile": FLAG,
-    **{f"adapt.loss_weights.{name}": pos_float(100.0) for name in PAPER_LOSSES},  # the profiles name no distill weight
+    **{f"adapt.loss_weights.{name}": pos_float(100.0) for name in (*PAPER_LOSSES, "distill")},  # distill: rung T's variant
     "adapt.init_range": spec(st.one_of(st.none(), st.floats(1e-5, 1.0)), wrong("int", "float", "none"), NOT_POSITIVE),
     "adapt.cliptc_vocab": choice("full", "shards"),
     "adapt.text": choice("corpus", "captions"),
@@ -409,7 +409,7 @@ SCHEMA: dict[str, Spec] = {
     **{f"mechanism.gates.{k}": pos_int() for k in ("n_boot", "exact_below", "n_perm", "n_flip")},
     "mechanism.gates.lambda": pos_float(100.0),
     "mechanism.gates.probe_layer": choice("cross_input"),
-    **{f"mechanism.gates.{k}": fraction() for k in ("alpha_a", "alpha_c", "alpha_d", "alpha_e", "m_accuracy", "alpha_r")},
+    **{f"mechanism.gates.{k}": fraction() for k in ("alpha_a", "alpha_c", "alpha_d", "alpha_e", "m_accuracy", "alpha_r", "alpha_t")},
 
     "aggregate.n_boot": pos_int(), "aggregate.seed": non_negative(),
     "hub.revisions": spec(st.dictionaries(NAME, WORD, max_size=2), wrong("dict"),
@@ -450,7 +450,9 @@ def rules_kept(p: dict) -> bool:
         if s["micro_batch_size"] > s["batch_size"] or (s["placeholder"] and set(s["losses"]) & {"match", "cliptc"}) \
                 or ("match" in s["losses"] and s["micro_batch_size"] < 2):
             return False
-        if s["cross_layers"] == 0 and (s["losses"] != ["mlm"] or s["placeholder"]):
+        if s["cross_layers"] == 0 and (set(s["losses"]) - {"distill", "kl"} != {"mlm"} or s["placeholder"]):
+            return False
+        if "kl" in s["losses"] and ("mlm" not in s["losses"] or s["placeholder"]):
             return False
         if s["text"] in ("captions", "captions_nofacts") and (s["cross_layers"] != 0 or s["losses"] != ["mlm"]):
             return False
@@ -666,7 +668,7 @@ def test_the_command_exits_2_with_one_line_and_writes_nothing(workdir):
     text = profiles.render("embedded").replace("    mlm: {losses: [mlm]}", "    mlm: {losses: mlm}")
     r = xdbert_check(text)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
-    assert r.stderr.splitlines() == ["error: `adapt.variants.mlm.losses` must be a list drawn from: mlm, match, cliptc, distill; got 'mlm'"]
+    assert r.stderr.splitlines() == ["error: `adapt.variants.mlm.losses` must be a list drawn from: mlm, match, cliptc, distill, kl; got 'mlm'"]
     r = xdbert_check(profiles.render("embedded").replace("\n  n_boot: 200 ", "\n  n_boots: 10\n  n_boot: 200 "))  # aggregate's
     assert r.returncode == 2 and r.stderr.splitlines() == [
         "error: unknown param `aggregate.n_boots` (did you mean `aggregate.n_boot`?); `aggregate` has: n_boot, seed"]

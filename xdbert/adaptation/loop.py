@@ -48,7 +48,7 @@ class BatchMaker:
             "bert_mask": torch.from_numpy(rows["bert_mask"].astype(np.int64)),
             "clip_ids": torch.from_numpy(rows["clip_ids"].astype(np.int64)).view(len(rows["clip_ids"]), self.n_blocks, -1),
         }
-        if "distill" in self.s.losses:  # the alignment, read only where a loss uses it
+        if {"distill", "kl"} & set(self.s.losses):  # the alignment, read only where a loss uses it
             batch |= {k: torch.from_numpy(rows[k].astype(np.int64)) for k in ("align_start", "align_end")}
         batch = masking.adaptation_inputs(batch, self.s.losses, gen, mlm_prob=self.s.mlm_prob,
                                           match_prob=self.s.match_prob, cliptc_prob=self.s.cliptc_prob,

@@ -7,7 +7,7 @@ device, so the same generator gives the same batch on CPU and GPU.
 
 Order for one adaptation batch (see `adaptation_inputs`): MATCH negatives first, then CLIPTC targets
 on the CLIP text actually fed to the model, then MLM masking of the BERT side (CLIP is never masked),
-then the distill targets, which read the MATCH labels and the MLM targets.
+then the distill and kl targets, which read the MATCH labels and the MLM targets.
 """
 from __future__ import annotations
 
@@ -123,11 +123,34 @@ def distill_targets(align_start: torch.Tensor, align_end: torch.Tensor, bert_mas
     return torch.where(aligned, align_end.long() - 1, torch.full_like(align_end, IGNORE_INDEX, dtype=torch.long))
 
 
+def kl_targets(align_start: torch.Tensor, align_end: torch.Tensor, mlm_labels: torch.Tensor,
+               shared_ids: Sequence[int], context: int = 77) -> torch.Tensor:
+    """kl's targets: at each MLM target j that is a word of the shared vocabulary, the flat CLIP position of
+    the last CLIP token of the BERT token before it (whose next-token distribution the tower gives), -100
+    elsewhere; (B, L) like the ids. Drawn from nothing: kl's targets are a subset of MLM's.
+
+    Only where the tower's next token is the word itself: its CLIP span is one token that starts right where
+    the previous token's ends, in the same block (`context` positions), and the next BERT token does not
+    share it (a word's first piece, e.g. "play" of "play ##ing", is not the whole word).
+    """
+    shared = torch.as_tensor(list(shared_ids), dtype=mlm_labels.dtype, device=mlm_labels.device)
+    start, end = align_start.long(), align_end.long()
+    prev_end, cur_start, cur_end = end[:, :-1], start[:, 1:], end[:, 1:]
+    next_start = torch.cat([start[:, 2:], torch.full_like(start[:, :1], -1)], dim=1)
+    labels = mlm_labels[:, 1:]
+    ok = (labels != IGNORE_INDEX) & torch.isin(labels, shared)
+    ok &= (start[:, :-1] >= 0) & (prev_end > start[:, :-1]) & (cur_start == prev_end) & (cur_end == cur_start + 1)
+    ok &= (prev_end - 1) // context == cur_start // context
+    ok &= next_start != cur_start
+    out = torch.where(ok, prev_end - 1, torch.full_like(prev_end, IGNORE_INDEX))
+    return torch.cat([torch.full_like(out[:, :1], IGNORE_INDEX), out], dim=1)
+
+
 def adaptation_inputs(batch: Mapping[str, torch.Tensor], losses: Iterable[str], generator: torch.Generator, *,
                       vocab_size: int, special_ids: Iterable[int], mask_id: int, eot_id: int,
                       mlm_prob: float = 0.15, match_prob: float = 0.5, cliptc_prob: float = 0.15,
                       mlm_negatives: bool = True, focus_ids: Sequence[int] = (), focus_prob: float = 0.0,
-                      ) -> dict[str, torch.Tensor]:
+                      kl_ids: Sequence[int] = ()) -> dict[str, torch.Tensor]:
     """Keyword arguments for `XDBertModel.forward` from a collated window batch, for the enabled losses.
 
     `mlm_negatives: False` keeps MLM targets only in windows whose CLIP text is their own (MATCH label 1).
@@ -136,7 +159,8 @@ def adaptation_inputs(batch: Mapping[str, torch.Tensor], losses: Iterable[str], 
     layers from ever lining the towers up (neither copying nor MATCH within 6,000 steps); without them
     MATCH passes 0.6 at step 750.
 
-    `distill` reads the batch's `align_start` and `align_end` (the shards' columns).
+    `distill` and `kl` read the batch's `align_start` and `align_end` (the shards' columns); `kl_ids`: the
+    encoder's ids of kl's shared vocabulary.
     """
     losses = set(losses)
     bert_ids, bert_mask, clip_ids = batch["bert_ids"], batch["bert_mask"], batch.get("clip_ids")
@@ -155,5 +179,10 @@ def adaptation_inputs(batch: Mapping[str, torch.Tensor], losses: Iterable[str], 
     if "distill" in losses:
         out["distill_labels"] = distill_targets(batch["align_start"], batch["align_end"], bert_mask,
                                                 out.get("match_labels"), out.get("mlm_labels"))
+    if "kl" in losses:
+        if not len(kl_ids):
+            raise ValueError("kl needs the shared vocabulary's encoder ids (`kl_ids`)")
+        out["kl_labels"] = kl_targets(batch["align_start"], batch["align_end"], out["mlm_labels"], kl_ids,
+                                      clip_ids.shape[-1])
     return out
 

@@ -136,9 +136,13 @@ class AdaptSettings:
                                 f"which give no CLIP text to cross layers, MATCH or CLIPTC: it needs "
                                 f"`{key_of('cross_layers')}: 0` and `{key_of('losses')}: [mlm]`; got cross_layers {cross}, "
                                 f"losses {s['losses']}")
-        if cross == 0 and (s["losses"] != ["mlm"] or s["placeholder"]):
-            raise PipelineError(f"`{key_of('cross_layers')}: 0` (the MLM-only baseline) allows only `{key_of('losses')}: [mlm]` "
-                                f"without placeholder; got losses {s['losses']}, placeholder {s['placeholder']}")
+        if cross == 0 and (set(s["losses"]) - {"distill", "kl"} != {"mlm"} or s["placeholder"]):
+            raise PipelineError(f"`{key_of('cross_layers')}: 0` (the MLM-only baseline, or it with an encoder-side "
+                                f"control) allows only `{key_of('losses')}: [mlm]` with distill or kl besides, without "
+                                f"placeholder; got losses {s['losses']}, placeholder {s['placeholder']}")
+        if "kl" in s["losses"] and ("mlm" not in s["losses"] or s["placeholder"]):
+            raise PipelineError(f"`{key_of('losses')}` has kl, which pulls the MLM head towards CLIP's tower: it needs mlm "
+                                f"and no placeholder; got losses {s['losses']}, `{key_of('placeholder')}: {s['placeholder']}`")
         if s["placeholder"] and "distill" in s["losses"]:
             raise PipelineError(f"`{key_of('placeholder')}: true` has no CLIP tower whose states distill could target; "
                                 f"use `losses: [mlm]` (got `{key_of('losses')}: {s['losses']}`)")
@@ -149,7 +153,7 @@ class AdaptSettings:
         for key in ("warmup_ratio", "weight_decay", "mlm_prob", "attribute_mlm_prob", "match_prob", "cliptc_prob"):
             P.fraction(s[key], key_of(key))
         for loss in s["losses"]:  # a loss in use needs targets of both kinds: MATCH's pairs, masked tokens
-            if loss == "distill":  # no share drawn: every aligned token of a window with its own CLIP text
+            if loss in ("distill", "kl"):  # no share drawn: distill's are aligned tokens, kl's a subset of MLM's
                 continue
             key, prob = f"{loss}_prob", s[f"{loss}_prob"]
             if prob == 0 or (loss == "match" and prob == 1):

@@ -82,7 +82,7 @@ def build_xdbert(model: ModelSettings, variant: Variant, *, vocab_size: int, cli
     """The model a variant's adaptation starts from; `splits` are the token shards it trains and evaluates on."""
     config = xdbert_config(model, variant, vocab_size=vocab_size, clip_blocks=clip_blocks, clip_eot_id=clip_eot_id)
     tower = None
-    if config.uses_clip and not config.placeholder:  # loaded, not built: the hub's weights are not needed twice
+    if config.has_tower:  # loaded, not built: the hub's weights are not needed twice
         tower, config.clip_quick_gelu = pretrained_clip_tower(model, clip_tower)
     torch.manual_seed(model.seed)
     xdbert = XDBertModel.build(config, clip=tower)

@@ -17,9 +17,9 @@ Decisions this file takes (the paper does not say):
   no loss reaches them, so they are frozen; so is the encoder's pooler during adaptation.
 - CLIP's causal mask is kept inside the tower, so padding is masked in the cross layers only.
 - New modules (cross layers, heads, placeholder) start like BERT's: normal(0, initializer_range).
-- `distill` (the mechanism study's encoder-side control, off by default): a linear map from the encoder's
-  token states before the cross layers to CLIP's width, pulled by 1 - cosine towards the CLIP tower's
-  states, detached, at each token's aligned CLIP position (`xdbert.adaptation.masking.distill_targets`).
+- `distill` and `kl` (the mechanism study's encoder-side controls, off by default; `controls`): the encoder
+  pulled towards the CLIP tower's states or its next-token distribution. With `cross_layers: 0` the model
+  holds the tower for their targets alone, frozen.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from transformers import PreTrainedModel
 
 from xdbert.clip import check_name, clip_block_mask
 from xdbert.model import IGNORE_INDEX, LOSSES, PAPER_LOSSES
+from xdbert.model import controls
 from xdbert.model.clip_tower import CLIPTextTower, ClipLayout
 from xdbert.model.encoders import build_language_encoder, load_pretrained_mlm_head
 from xdbert.model.layers import CrossModalLayer, MaskedTokenHead, MatchHead
@@ -77,6 +78,12 @@ class XDBertConfig:
         """Whether the CLIP stream exists (real tower or placeholder): any cross layer needs one."""
         return self.cross_layers > 0
 
+    @property
+    def has_tower(self) -> bool:
+        """Whether the model holds CLIP's text tower: for a CLIP stream that is not the placeholder, or for the
+        targets of `distill` or `kl`."""
+        return (self.uses_clip and not self.placeholder) or bool({"distill", "kl"} & set(self.losses))
+
     def validate(self) -> "XDBertConfig":
         if not isinstance(self.losses, (list, tuple)) or not self.losses or any(l not in LOSSES for l in self.losses) \
                 or len(set(self.losses)) != len(self.losses):
@@ -89,8 +96,13 @@ class XDBertConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"`{key}` must be a positive integer; got {value!r}")
-        if self.cross_layers == 0 and (set(self.losses) != {"mlm"} or self.placeholder):
-            raise ValueError(f"`cross_layers: 0` (the MLM-only baseline) allows only `losses: [mlm]` without placeholder; got losses {self.losses}, placeholder {self.placeholder}")
+        if self.cross_layers == 0 and (set(self.losses) - {"distill", "kl"} != {"mlm"} or self.placeholder):
+            raise ValueError(f"`cross_layers: 0` (the MLM-only baseline, or it with an encoder-side control) allows only "
+                             f"`losses: [mlm]` with distill or kl besides, without placeholder; got losses {self.losses}, "
+                             f"placeholder {self.placeholder}")
+        if "kl" in self.losses and ("mlm" not in self.losses or self.placeholder):
+            raise ValueError(f"`kl` pulls the MLM head's distribution towards CLIP's tower: it needs `mlm` and no "
+                             f"placeholder; got losses {self.losses}, placeholder {self.placeholder}")
         if self.placeholder and set(self.losses) & {"cliptc", "match"}:
             # CLIPTC has no CLIP tokens to reconstruct; MATCH could only read the CLIP text's length
             # from the mask, which would make the control learn from a leak instead of from CLIP.
@@ -117,7 +129,7 @@ class XDBertModel(nn.Module):
         act = getattr(enc, "hidden_act", "gelu")
         eps = getattr(enc, "layer_norm_eps", 1e-12)
         std = config.init_range or getattr(enc, "initializer_range", 0.02)
-        needs_tower = config.uses_clip and not config.placeholder
+        needs_tower = config.has_tower
         if needs_tower != (clip is not None):
             raise ValueError(f"a CLIP tower is {'needed' if needs_tower else 'not used'} with cross_layers={config.cross_layers}, placeholder={config.placeholder}")
         self.clip = clip
@@ -160,6 +172,9 @@ class XDBertModel(nn.Module):
         # those of a model without it.
         self.distill_map = nn.Linear(width, clip_width) if "distill" in self.losses else None
         _init_bert_style(self.distill_map, std, part_generator("distill_map"))
+        if clip is not None and not config.uses_clip:
+            # the tower only gives distill or kl their targets: no loss trains it, and an optimizer or DDP need not see it
+            clip.requires_grad_(False)
         # The pooler is not on any loss path (MATCH has its own); frozen so DDP and optimizers skip it.
         # It is still saved by `save_adapted`, unchanged, for finetuning.
         pooler = getattr(encoder, "pooler", None)
@@ -169,6 +184,9 @@ class XDBertModel(nn.Module):
         # CLIPTC's classes when restricted (`restrict_cliptc`); None = all of CLIP's ids. Not saved.
         self.register_buffer("cliptc_classes", None, persistent=False)
         self.register_buffer("cliptc_class_of", None, persistent=False)
+        # kl's shared vocabulary (`controls.restrict_kl`): each word's id in the encoder's and CLIP's vocabulary. Not saved.
+        self.register_buffer("kl_encoder_ids", None, persistent=False)
+        self.register_buffer("kl_clip_ids", None, persistent=False)
 
     @classmethod
     def build(cls, config: XDBertConfig, clip: CLIPTextTower | None = None) -> "XDBertModel":
@@ -178,7 +196,7 @@ class XDBertModel(nn.Module):
         config = dataclasses.replace(config, losses=list(config.losses), encoder_config=dict(config.encoder_config)).validate()
         pretrained_encoder = not config.encoder.startswith(RANDOM_PREFIX)
         encoder = build_language_encoder(config.encoder, config.encoder_config, config.vocab_size)
-        if clip is None and config.uses_clip and not config.placeholder:
+        if clip is None and config.has_tower:
             clip, config.clip_quick_gelu = CLIPTextTower._build(config.clip, config.clip_pretrained, config.clip_quick_gelu)
         model = cls(config, encoder, clip)
         if pretrained_encoder and model.mlm_head is not None and load_pretrained_mlm_head(config.encoder, model.mlm_head):
@@ -294,7 +312,8 @@ class XDBertModel(nn.Module):
                 cliptc_labels: torch.Tensor | None = None, output_attentions: bool = False,
                 clip_layout: ClipLayout | None = None, mlm_positions: torch.Tensor | None = None,
                 cliptc_positions: torch.Tensor | None = None, distill_labels: torch.Tensor | None = None,
-                distill_positions: torch.Tensor | None = None) -> dict[str, Any]:
+                distill_positions: torch.Tensor | None = None, kl_labels: torch.Tensor | None = None,
+                kl_positions: torch.Tensor | None = None) -> dict[str, Any]:
         """Losses of the enabled objectives whose labels are given, and their accuracy counts.
 
         Returns `loss` (unweighted sum; absent when no labels were given), `<name>_loss`,
@@ -307,6 +326,8 @@ class XDBertModel(nn.Module):
         `cliptc_positions` (`target_positions` of the CLIPTC labels at `clip_layout.kept`'s positions) and
         `distill_positions` (`target_positions(distill_labels)`). `distill_labels` (B, L): the flat CLIP position
         each BERT token is pulled towards, -100 where none (`xdbert.adaptation.masking.distill_targets`).
+        `kl_labels` (B, L): at each masked token, the flat CLIP position of the token before it, -100 elsewhere
+        (`xdbert.adaptation.masking.kl_targets`); `kl_positions`: `target_positions(kl_labels)`.
         """
         if output_attentions and cliptc_positions is not None and clip_layout is not None and clip_layout.kept is not None:
             raise ValueError("with output_attentions every CLIP position is kept: cliptc_positions index only clip_layout.kept's")
@@ -329,30 +350,30 @@ class XDBertModel(nn.Module):
                              self.cliptc_classes, self.cliptc_class_of)
             total.append(out["cliptc_loss"])
         if self.distill_map is not None and distill_labels is not None:
-            self._distill_loss(out, streams[0], streams[1], distill_labels, distill_positions)
-            total.append(out["distill_loss"])
+            positions = target_positions(distill_labels) if distill_positions is None else distill_positions
+            tower = controls.tower_states(self.clip, self.config.clip_eot_id, streams[1], clip_ids, clip_layout)
+            distance = controls.distill_distance(self.distill_map, streams[0], tower, distill_labels, positions)
+            total.append(self._control_loss(out, "distill", distance, positions))
+        if self.mlm_head is not None and "kl" in self.losses and kl_labels is not None:
+            if self.kl_encoder_ids is None:
+                raise ValueError("kl's shared vocabulary is not set: call `controls.restrict_kl` first")
+            positions = target_positions(kl_labels) if kl_positions is None else kl_positions
+            tower = controls.tower_states(self.clip, self.config.clip_eot_id, streams[1], clip_ids, clip_layout)
+            divergence = controls.kl_divergence(self.mlm_head, self.kl_encoder_ids, self.clip.token_embedding.weight,
+                                                self.kl_clip_ids, language, tower, kl_labels, positions)
+            total.append(self._control_loss(out, "kl", divergence, positions))
         if total:
             out["loss"] = torch.stack(total).sum()
         if output_attentions:
             out["cross_attentions"] = attentions
         return out
 
-    def _distill_loss(self, out: dict, language: torch.Tensor, clip: torch.Tensor, labels: torch.Tensor,
-                      positions: torch.Tensor | None = None) -> None:
-        """1 - cosine between the mapped encoder state of each target token (before the cross layers, (B, L, H))
-        and the CLIP tower's state at its label's position ((B, n_blocks*context, W), every position kept),
-        averaged over the targets. The CLIP states are targets, detached: this loss trains the encoder and
-        the map alone."""
-        if positions is None:
-            positions = target_positions(labels)
-        rows = language.reshape(-1, language.shape[-1]).index_select(0, positions)
-        # each target's row among the batch's CLIP states: its window's first row plus its label
-        clip_rows = (positions // labels.shape[1]) * clip.shape[1] + labels.reshape(-1).index_select(0, positions)
-        targets = clip.detach().reshape(-1, clip.shape[-1]).index_select(0, clip_rows)
-        distance = 1 - F.cosine_similarity(self.distill_map(rows).float(), targets.float(), dim=-1)
-        # a sum over at least one: no targets give 0 with zero gradients (a mean of nothing is NaN)
-        out["distill_loss"] = distance.sum() / max(positions.numel(), 1)
-        out["distill_count"] = _count(positions.numel(), language.device)
+    @staticmethod
+    def _control_loss(out: dict, name: str, summed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A control's mean over its targets (`controls`: a sum over at least one, so no target gives 0, not NaN)."""
+        out[f"{name}_loss"] = summed / max(positions.numel(), 1)
+        out[f"{name}_count"] = _count(positions.numel(), summed.device)
+        return out[f"{name}_loss"]
 
     @staticmethod
     def _token_loss(out: dict, name: str, head: MaskedTokenHead, hidden: torch.Tensor, labels: torch.Tensor,
@@ -424,6 +445,8 @@ def locate(batch: dict, eot_id: int, multiple: int = 1) -> dict:
         out["mlm_positions"] = target_positions(batch["mlm_labels"])
     if batch.get("distill_labels") is not None:
         out["distill_positions"] = target_positions(batch["distill_labels"])
+    if batch.get("kl_labels") is not None:
+        out["kl_positions"] = target_positions(batch["kl_labels"])
     return out
 
 

@@ -114,7 +114,7 @@ def load_full(directory: str | Path, device: str | torch.device = "cpu") -> XDBe
     check_safetensors(directory / WEIGHTS_FILE)
     encoder = AutoModel.from_config(AutoConfig.from_pretrained(directory / ENCODER_CONFIG_DIR))
     clip = None
-    if config.uses_clip and not config.placeholder:
+    if config.has_tower:
         clip = CLIPTextTower.build(config.clip, "", config.clip_quick_gelu)  # weights come from the file
     model = XDBertModel(config, encoder, clip)
     load_model(model, str(directory / WEIGHTS_FILE), strict=True)  # strict: a missing tensor is an error
