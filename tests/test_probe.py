@@ -1,5 +1,6 @@
 """The representation probe (xdbert/analysis/probe.py): the closed-form leave-one-object-out ridge against a
-brute-force refit, its permutation null, and the paired sign-flip test."""
+brute-force refit, the null's accuracies over many class assignments (a free shuffle here; the study's
+re-drawn fact tables: tests/test_mechanism_probe_null.py), and the paired sign-flip test."""
 import numpy as np
 import pytest
 
@@ -33,6 +34,14 @@ def test_leave_one_out_equals_a_refit(n, width):
     classes = np.arange(n) % K
     closed = probe.loo_predictions(probe.hat_matrix(features, 10.0), probe.onehot(classes, K))
     np.testing.assert_allclose(closed, brute_force_loo(features, classes, 10.0), atol=1e-10, rtol=0)
+
+
+def test_null_accuracies_score_each_assignment_as_the_probe_does():
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(30, 8))
+    assignments = np.stack([rng.permutation(np.arange(30) % K) for _ in range(5)])
+    expected = [probe.loo_correct(features, y, K, 10.0).mean() for y in assignments]
+    np.testing.assert_allclose(probe.null_accuracies(features, assignments, K, 10.0), expected, atol=0, rtol=0)
 
 
 def test_the_null_on_random_features_is_near_chance():
