@@ -336,3 +336,16 @@ def test_rung_r_reads_the_reference_beside_its_twin():
     assert M.rung_r(above, 0.3, 0.001, GATES | {"alpha_r": 0.05}).state == M.PASS
     assert M.rung_r(null, 0.3, 0.001, GATES | {"alpha_r": 0.05}).state == M.FAIL
     assert M.rung_r(above, 0.0, 0.5, GATES | {"alpha_r": 0.05}).state == M.FAIL
+
+
+def test_rung_t_reads_the_stronger_control_and_fails_on_a_null_one():
+    above, null = M.Interval(0.3, 0.1, 0.5, "m"), M.Interval(0.0, -0.2, 0.2, "m")
+    g = GATES | {"alpha_t": 0.05}
+    passing = M.rung_t({"distill_kl": (null, 0.0, 0.6), "distill_cos": (above, 0.4, 0.001)}, g)
+    assert passing.state == M.PASS and passing.interval == above and passing.numbers.startswith("distill_cos - ")
+    assert passing.numbers.endswith("read: distill_cos") and "distill_kl - distill_kl_nofacts on F+" in passing.numbers
+    # the stronger by the probe is read even where the other form's F+ interval is above 0: no second chance
+    assert M.rung_t({"distill_kl": (above, 0.1, 0.2), "distill_cos": (null, 0.3, 0.001)}, g).state == M.FAIL
+    assert M.rung_t({"distill_kl": (null, 0.0, 0.6)}, g).state == M.FAIL
+    with pytest.raises(ValueError, match="at least one control"):
+        M.rung_t({}, g)

@@ -78,12 +78,22 @@ def bootstrap_replicates(right: np.ndarray, size: np.ndarray, n_boot: int, seed:
     their examples), then seeds drawn with replacement; per replicate, the median over the drawn seeds of
     each seed's accuracy over the drawn units' examples. The draws depend on the shapes and `seed` alone,
     so two models with the same units and seeds get the same draws."""
-    n_seeds, n_units = right.shape
+    return resampled(bootstrap_draws(*right.shape, n_boot, seed), right, size)
+
+
+def bootstrap_draws(n_seeds: int, n_units: int, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`bootstrap_replicates`' draws: how often each unit was drawn (n_boot, units), the drawn seeds (n_boot, seeds).
+    Made once, they serve every array of that shape (the power simulation plants hundreds)."""
     rng = np.random.default_rng(seed)
     drawn = rng.integers(0, n_units, (n_boot, n_units))
     weights = np.zeros((n_boot, n_units))
-    np.add.at(weights, (np.arange(n_boot)[:, None], drawn), 1.0)   # how often each unit was drawn
-    seeds = rng.integers(0, n_seeds, (n_boot, n_seeds))
+    np.add.at(weights, (np.arange(n_boot)[:, None], drawn), 1.0)
+    return weights, rng.integers(0, n_seeds, (n_boot, n_seeds))
+
+
+def resampled(draws: tuple[np.ndarray, np.ndarray], right: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """The cell on each of `draws` (`bootstrap_draws`), (n_boot,)."""
+    weights, seeds = draws
     accuracy = (weights @ right.T) / (weights @ size)[:, None]     # (n_boot, seeds)
     return np.median(np.take_along_axis(accuracy, seeds, axis=1), axis=1)
 
@@ -131,11 +141,21 @@ def sign_flip_interval(values: np.ndarray, level: float, bounds: tuple[float, fl
     values = np.asarray(values, dtype=np.float64)
     if len(values) <= ENUMERATED_UP_TO:
         return exact_interval(values, level, bounds)
+    return flip_interval(values, random_flips(len(values), n_flip, seed), level, bounds)
+
+
+def random_flips(n: int, n_flip: int, seed: int) -> np.ndarray:
+    """`sign_flip_interval`'s random non-empty sets of `n` objects, (n_flip, n) bool."""
     rng = np.random.default_rng(seed)
-    flips = rng.random((n_flip, len(values))) < 0.5
-    flips[~flips.any(1), rng.integers(0, len(values))] = True  # an empty set has no mean: flip one object
+    flips = rng.random((n_flip, n)) < 0.5
+    flips[~flips.any(1), rng.integers(0, n)] = True  # an empty set has no mean: flip one object
+    return flips
+
+
+def flip_interval(values: np.ndarray, flips: np.ndarray, level: float, bounds: tuple[float, float]) -> tuple[float, float]:
+    """`sign_flip_interval`'s Monte Carlo form on drawn `flips` (`random_flips`)."""
     means = np.sort((flips @ values) / flips.sum(1))
-    k = int(np.floor((1 - level) / 2 * (n_flip + 1)))
+    k = int(np.floor((1 - level) / 2 * (len(flips) + 1)))
     if k == 0:
         return bounds
     return float(means[k - 1]), float(means[-k])
@@ -202,6 +222,7 @@ def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray, objects: np.
 PASS, FAIL, NOT_REPLICATED = "PASS", "FAIL", "not replicated"
 UNINFORMATIVE = "uninformative"  # D where a rung below it failed: the study could not have shown a gain
 QUESTIONS = {"M": "the upper reference memorized the facts", "R": "the instrument reads facts that are there",
+             "T": "a loss from the tower alone moves them",
              "A": "the facts are in CLIP", "B": "the cross-attention path carries them", "C": "no leakage",
              "D": "the claim: the facts reach the encoder", "E": "Figure 4 calibrated"}
 
@@ -325,6 +346,28 @@ def rung_r(vis_difference: Interval, probe_difference: float, probe_p: float, th
     numbers = (f"caption_mlm - caption_mlm_nofacts on F+ = {fmt(vis_difference)}; probe {probe_difference:+.2f}, "
                f"sign-flip p {fmt_p(probe_p)}")
     return Gate("R", verdict(passed), numbers, vis_difference)
+
+
+def rung_t(forms: Mapping[str, tuple[Interval, float, float]], thresholds: Mapping) -> Gate:
+    """T, the transfer path can carry them: an encoder-side control that distils the tower, beside the same
+    control distilling the twin tower, on `vis` F+ (interval above 0) and on the probe (paired sign-flip p below
+    alpha_t): a loss from the tower to the encoder, with no caption read, can move the facts. `forms`: each
+    control's name -> (F+ difference, probe difference, probe p); T reads the stronger, the larger probe
+    difference (a rule fixed before any reading). Not a precondition of D: it tells whether a null D is the
+    path's or the recipe's."""
+    name = stronger_form(forms)
+    vis_difference, probe_difference, probe_p = forms[name]
+    passed = above_zero(vis_difference) and probe_p < thresholds["alpha_t"]
+    numbers = "; ".join(f"{k} - {k}_nofacts on F+ = {fmt(v)}, probe {d:+.2f} (sign-flip p {fmt_p(p)})"
+                        for k, (v, d, p) in sorted(forms.items(), key=lambda x: x[0] != name))
+    return Gate("T", verdict(passed), f"{numbers}; read: {name}", vis_difference)
+
+
+def stronger_form(forms: Mapping[str, tuple[Interval, float, float]]) -> str:
+    """The control rung T reads (`rung_t`'s `forms`): the larger probe difference, then the larger F+ estimate."""
+    if not forms:
+        raise ValueError("rung T needs at least one control")
+    return max(forms, key=lambda k: (forms[k][1], forms[k][0].estimate))
 
 
 def failed_rung(ladder: Sequence[Gate]) -> str | None:
