@@ -20,7 +20,8 @@ from xdbert.profiles import values
 from xdbert.reports.settings import AggregateSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = {"baseline", "xdbert", "nofacts", "caption_mlm", "caption_mlm_nofacts", "full_xdbert", "full_nofacts", "clip_t", "clip_nofacts_t"}
+ROWS = {"baseline", "xdbert", "nofacts", "caption_mlm", "caption_mlm_nofacts", "distill_kl", "distill_kl_nofacts", "distill_cos",
+        "distill_cos_nofacts", "full_xdbert", "full_nofacts", "clip_t", "clip_nofacts_t"}
 
 
 def stage_read(p: dict) -> tuple:
@@ -47,15 +48,16 @@ def test_the_stage_finetunes_vis_with_its_rate_when_the_study_is_on():
     assert vis.hyperparameters("base", "encoder").lr == 1e-3 and vis.seeds == [0, 1, 2, 3, 4]
     assert [r.name for r in vis.study.runs("vis")] == [
         "bert/baseline", "bert/xdbert", "bert/nofacts", "bert/mlm_match", "bert/mlm", "bert/one_cross", "bert/two_epochs",
-        "bert/placeholder", "bert/caption_mlm", "bert/caption_mlm_nofacts", "bert/full_xdbert", "bert/full_nofacts", "clip_t",
-        "clip_nofacts_t"]
+        "bert/placeholder", "bert/caption_mlm", "bert/caption_mlm_nofacts", "bert/distill_kl", "bert/distill_kl_nofacts",
+        "bert/distill_cos", "bert/distill_cos_nofacts", "bert/full_xdbert", "bert/full_nofacts", "clip_t", "clip_nofacts_t"]
 
 
 def test_embedded_rows_on_vis_and_the_control_task_once_each():
     s = study("embedded")
     vis, sst2 = s.mechanism_runs("vis"), s.mechanism_runs("sst2")
     assert list(vis) == ["baseline", "xdbert", "nofacts", "mlm_match", "mlm", "one_cross", "two_epochs", "placeholder",
-                         "caption_mlm", "caption_mlm_nofacts", "full_xdbert", "full_nofacts", "clip_t", "clip_nofacts_t"]
+                         "caption_mlm", "caption_mlm_nofacts", "distill_kl", "distill_kl_nofacts", "distill_cos",
+                         "distill_cos_nofacts", "full_xdbert", "full_nofacts", "clip_t", "clip_nofacts_t"]
     assert [r.name for r in s.runs("vis")] == [r.name for r in vis.values()]  # vis has the study's rows alone
     assert str(vis["clip_nofacts_t"].model_dir) == "models/pretrain_clip_nofacts"
     assert str(vis["clip_t"].model_dir) == "models/pretrain_clip" and vis["clip_t"].model == "clip"  # Table 1's CLIP-T
@@ -67,7 +69,8 @@ def test_embedded_rows_on_vis_and_the_control_task_once_each():
     assert len(names) == len(set(names))
     assert names == [r.name for r in plain.runs("sst2")] + [
         "bert/nofacts", "bert/mlm_match", "bert/mlm", "bert/one_cross", "bert/two_epochs", "bert/placeholder",
-        "bert/caption_mlm", "bert/caption_mlm_nofacts", "bert/full_nofacts", "clip_t", "clip_nofacts_t"]
+        "bert/caption_mlm", "bert/caption_mlm_nofacts", "bert/distill_kl", "bert/distill_kl_nofacts", "bert/distill_cos",
+        "bert/distill_cos_nofacts", "bert/full_nofacts", "clip_t", "clip_nofacts_t"]
     assert {r.name for r in sst2.values()} <= set(names) and sst2["baseline"].name == "bert/baseline"
     assert s.runs("rte") == plain.runs("rte")  # the other tasks as before
     with pytest.raises(PipelineError, match="task 'rte' has no mechanism study rows"):
@@ -83,7 +86,8 @@ def test_micro_control_task_under_table3_s_own_protocol_gets_comparable_rows():
     assert set(rows) == ROWS == set(s.mechanism_runs("vis"))
     assert {label: r.name for label, r in rows.items()} == {
         "baseline": "bert/baseline", "xdbert": "bert/xdbert", "nofacts": "bert/table1_nofacts",
-        "caption_mlm": "bert/caption_mlm", "caption_mlm_nofacts": "bert/caption_mlm_nofacts", "full_xdbert": "bert/full_xdbert", "full_nofacts": "bert/full_nofacts", "clip_t": "clip_t",
+        "caption_mlm": "bert/caption_mlm", "caption_mlm_nofacts": "bert/caption_mlm_nofacts",
+        **{m: f"bert/{m}" for m in ("distill_kl", "distill_kl_nofacts", "distill_cos", "distill_cos_nofacts")}, "full_xdbert": "bert/full_xdbert", "full_nofacts": "bert/full_nofacts", "clip_t": "clip_t",
         "clip_nofacts_t": "clip_nofacts_t"}
     assert all(r.protocol == "table1" for r in rows.values())
     assert str(rows["nofacts"].model_dir) == "models/adapted/bert/nofacts"

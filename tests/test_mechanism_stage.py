@@ -179,6 +179,19 @@ def test_stage_writes_every_gate_with_its_numbers(clean, monkeypatch):
     assert md.index("## Calibration ladder") < md.index("## Gates") and "| M | " in md and "| R | " in md
     assert result["ladder"]["M"]["state"] == "FAIL" and result["ladder"]["R"]["state"] == "FAIL"
     assert result["gates"]["D"]["state"] == "uninformative" and "rung M failed, so D is not read" in md
+    # rung T: the KL controls beside each tower, random here, so T fails; it is no precondition of D
+    assert "| T | " in md and result["ladder"]["T"]["state"] == "FAIL" and "distill_kl - distill_kl_nofacts" in md
+    assert "distill_cos - distill_cos_nofacts" in result["ladder"]["T"]["numbers"] and "read: distill_" in md
+    # each F+ clause and M's interval carry their power figure; a null D reads with it
+    assert set(result["power"]) == {"M", "R", "T", "D"} and all(0 <= p["power"] <= 1 for p in result["power"].values())
+    assert "at 80% power" in result["ladder"]["R"]["numbers"] and "at 80% power" in result["gates"]["D"]["numbers"]
+    assert "**D's F+ clause is null**: XDBERT moved less than" in md
+    # the frozen readout: every encoder's F+ cell and the pairs', beside vis (no finetuning run)
+    readout = result["frozen_readout"]
+    assert set(readout["f_plus"]) == set(params()["mechanism"]["models"]) and "## Frozen readout" in md
+    assert set(readout["differences"]) == {"caption_mlm - caption_mlm_nofacts", "distill_kl - distill_kl_nofacts",
+                                           "distill_cos - distill_cos_nofacts", "xdbert - nofacts"}
+    assert all(0 <= c["estimate"] <= 1 for c in readout["f_plus"].values())
     # exposures: 200 fact captions, all stating the own fact, over the 72 captioned objects; the references read
     # each window 50 steps x 8 (micro's batch) / 100 windows = 4 times, at micro's rate (0: its mlm_prob, 0.15)
     exposure = result["exposures"]
@@ -193,7 +206,7 @@ def test_stage_writes_every_gate_with_its_numbers(clean, monkeypatch):
     assert result["cells"]["clip_t"]["F+"]["estimate"] == 1.0   # the rows read their own predictions
     # the caption control: a cells row and a probe row, each named the upper reference
     upper = "| caption_mlm (upper reference: MLM on the captions that state the facts, beside corpus windows) |"
-    assert md.count(upper) == 2 and set(result["cells"]["caption_mlm"]) == {"F+", "F0", "T=", "T!=", "control"}
+    assert md.count(upper) == 3 and set(result["cells"]["caption_mlm"]) == {"F+", "F0", "T=", "T!=", "control"}
     ref = result["upper_reference"]  # caption_mlm - baseline on F+, which qualifies a null D's summary
     assert ref["low"] <= ref["estimate"] <= ref["high"] and ref["method"]
     assert "| tower pretrain_clip |" in md and "| tower after adaptation, nofacts |" in md

@@ -3,7 +3,7 @@ models, tasks and finetuning predictions the pipeline wrote. Stage `mechanism` (
 params into a `Plan`, checks its inputs (`check_inputs`) and writes what `study` returns.
 
 The calibration ladder comes first (M: the upper reference memorized the facts, xdbert/analysis/cloze.py; R: the
-instrument reads facts an encoder holds), then gates A-E; D is read only where M and R pass. The numbers:
+instrument reads facts an encoder holds; T: a loss from the tower alone can move them), then gates A-E; D is read only where M and R pass. The numbers:
 xdbert/analysis/mechanism.py and mechanism_stats.py; the probe: xdbert/analysis/probe.py over
 analysis/representations.py's features.
 """
@@ -15,7 +15,10 @@ from typing import NamedTuple
 
 from xdbert import io
 from xdbert import params as P
-from xdbert.data.mechanism import CAPTION_MLM, CAPTION_MLM_NOFACTS, NOFACTS, VIS, MechanismSettings
+from xdbert.data.mechanism import (
+    CAPTION_MLM, CAPTION_MLM_NOFACTS, DISTILL_COS, DISTILL_COS_NOFACTS, DISTILL_KL, DISTILL_KL_NOFACTS, NOFACTS, VIS,
+    MechanismSettings,
+)
 from xdbert.errors import PipelineError
 from xdbert.finetuning.control.runs import Run
 from xdbert.data.captions import CAPTIONS_FILE, NOFACTS_FILE
@@ -26,7 +29,9 @@ from xdbert.paths import (
 
 REPLICATIONS = Path("inputs/replications")  # gate D's runs on other facts: a dep of this stage, so a changed one reruns it
 CONTEXT_WINDOW = 5   # the corpus baseline's context: words within 5 of the object, where a stated fact would sit
-NEEDED = {CAPTION_MLM: "rungs M and R", CAPTION_MLM_NOFACTS: "rung R", "clip_t": "gate A", "clip_nofacts_t": "gate A",
+TRANSFER = {DISTILL_KL: DISTILL_KL_NOFACTS, DISTILL_COS: DISTILL_COS_NOFACTS}  # rung T's controls and their twins
+NEEDED = {CAPTION_MLM: "rungs M and R", CAPTION_MLM_NOFACTS: "rung R", **{m: "rung T" for pair in TRANSFER.items() for m in pair},
+          "clip_t": "gate A", "clip_nofacts_t": "gate A",
           "full_xdbert": "gate B", "full_nofacts": "gate B", "baseline": "rung M and gate C", P.PROPOSED: "gates D and E",
           NOFACTS: "gates D and E"}
 CLOZED = (CAPTION_MLM, P.BASELINE)  # the models rung M asks with their own MLM head (their whole models: the head)
@@ -107,8 +112,10 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
     from transformers import AutoModel
 
     from xdbert.analysis import cloze
+    from xdbert.analysis import frozen_readout as F
     from xdbert.analysis import mechanism as M
     from xdbert.analysis import mechanism_stats as S
+    from xdbert.analysis import power as W
     from xdbert.analysis import probe
     from xdbert.analysis.grounding import compare_models
     from xdbert.analysis.representations import (
@@ -130,9 +137,16 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
     words = [o.sing for o in objects]
     frames = neutral_sentences(s.sentences)
 
-    # The representation probe: towers before and after adaptation, every encoder, the corpus baseline
+    # The representation probe: towers before and after adaptation, every encoder, the corpus baseline. Its null:
+    # the fact table re-drawn by draw_facts with other seeds (probe.null_seeds), once for every row
+    try:
+        null_classes = probe.redrawn_classes(lambda k: s.facts(k).real, words, attributes,
+                                             probe.null_seeds(g["n_perm"]), seed)
+    except ValueError as e:
+        raise PipelineError(f"`mechanism.seed`: {e}") from None
+
     def probed(features):
-        return M.probe_row(features, classes, len(attributes), g["lambda"], g["n_perm"], seed)
+        return M.probe_row(features, classes, null_classes, len(attributes), g["lambda"])
 
     probes, tok_name = {}, None
     for tower in s.clip_towers:
@@ -150,7 +164,9 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
     sentences = [x for doc in corpus for x in re.split(r"(?<=[.!?])\s+", doc) if x]
     probes["corpus (context words)"] = probed([context_counts(sentences, objects, CONTEXT_WINDOW)])
     at = {name: M.probe_at(rows, g["probe_layer"]) for name, rows in probes.items()}
-    flip_p = probe.sign_flip_p(np.array(at[P.PROPOSED]["correct"]), np.array(at[NOFACTS]["correct"]), g["n_flip"], seed)
+
+    def flip_p(a, b):  # the probe's paired one-sided sign-flip test over objects, a above b
+        return probe.sign_flip_p(np.array(at[a]["correct"]), np.array(at[b]["correct"]), g["n_flip"], seed)
 
     # The cells: every row on vis (by kind) and on the control task
     kinds_table = io.read_parquet(TASKS / VIS / VIS_KINDS, "run `dvc repro tasks`").to_pandas()
@@ -181,6 +197,19 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
         return M.difference(correct[a][0 if on_vis else 1], correct[b][0 if on_vis else 1],
                             owners if on_vis else None, kinds if on_vis else None, kind, g, seed)
 
+    # The frozen readout (issue 68, item 4): logistic regression on each vis sentence's object-word last-layer state,
+    # fitted on the train objects' sentences, scored on dev: what an encoder holds, with no finetuning to hide or
+    # create a fact
+    vis_train = io.read_parquet(TASKS / VIS / "train.parquet", "run `dvc repro tasks`").to_pandas()
+    readout_rows = (list(zip(vis_train["text_a"], vis_train["label"].astype(int))),
+                    list(zip(dev.loc[idx, "text_a"], dev.loc[idx, "label"].astype(int))))
+    readout = {m: F.frozen_readout(AutoModel.from_pretrained(str(adapted(plan.family, m))), tok, *readout_rows,
+                                   facts.objects) for m in s.models}
+    readout_cells = {m: S.cell(r, owners, kinds, "F+", n_boot=g["n_boot"], level=g["level"], exact_below=g["exact_below"],
+                               seed=seed) for m, r in readout.items()}
+    readout_diffs = {f"{a} - {b}": M.difference(readout[a], readout[b], owners, kinds, "F+", g, seed)
+                     for a, b in ((CAPTION_MLM, CAPTION_MLM_NOFACTS), *TRANSFER.items(), (P.PROPOSED, NOFACTS))}
+
     # The bag-of-words row: F+ pooled over facts seeds, each with its own vis examples
     right = total = 0
     for bow_seed in s.bow_seeds:
@@ -204,25 +233,37 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
     counts = M.gate_e_counts(change, dict(zip(idx.tolist(), kinds.tolist())))
 
     # The calibration ladder (issue 68), before any gate: M, the upper reference asked its facts at a [MASK] in
-    # frames no caption uses, against the twin's table; R, it beside its twin on vis F+ and on the probe
+    # frames no caption uses, against the twin's table; R, it beside its twin on vis F+ and on the probe; T, the
+    # tower distilled into the encoder beside the twin tower distilled the same way
     twin = np.array([attributes.index(facts.twin[o.sing]) for o in objects])
     try:  # a vocabulary that cuts the attribute words into pieces (the micro profile's) has no one-token cloze
         single_ids(tok, attributes, "attribute word")
         unreadable = None
     except ValueError as e:
         unreadable = str(e)
-    memory = {} if unreadable else {
-        m: cloze.memorized(cloze.cloze_answers(load_full(crossmodal(plan.family, m)), tok, words, attributes),
-                           classes, twin, g["level"], g["n_flip"], seed) for m in CLOZED}
-    r_p = probe.sign_flip_p(np.array(at[CAPTION_MLM]["correct"]), np.array(at[CAPTION_MLM_NOFACTS]["correct"]),
-                            g["n_flip"], seed)
+    answers = {} if unreadable else {
+        m: cloze.cloze_answers(load_full(crossmodal(plan.family, m)), tok, words, attributes) for m in CLOZED}
+    memory = {m: cloze.memorized(x, classes, twin, g["level"], g["n_flip"], seed) for m, x in answers.items()}
+    transfer = {a: (diff(a, b, "F+"), at[a]["accuracy"] - at[b]["accuracy"], flip_p(a, b)) for a, b in TRANSFER.items()}
     ladder = [S.Gate("M", S.FAIL, f"not read: {unreadable}") if unreadable else
               S.rung_m(memory[CAPTION_MLM], memory[P.BASELINE], g),
               S.rung_r(diff(CAPTION_MLM, CAPTION_MLM_NOFACTS, "F+"),
-                       at[CAPTION_MLM]["accuracy"] - at[CAPTION_MLM_NOFACTS]["accuracy"], r_p, g)]
+                       at[CAPTION_MLM]["accuracy"] - at[CAPTION_MLM_NOFACTS]["accuracy"], flip_p(CAPTION_MLM, CAPTION_MLM_NOFACTS), g),
+              S.rung_t(transfer, g)]
 
     claim = S.Claim(diff(P.PROPOSED, NOFACTS, "F+"), diff(P.PROPOSED, NOFACTS, "T="), diff(P.PROPOSED, NOFACTS, None),
-                    flip_p)
+                    flip_p(P.PROPOSED, NOFACTS))
+    # Power (issue 68, item 5): the smallest F+ gain each clause detects at 80% power, at the study's objects and
+    # seeds, planted into the model's wrong answers and read through the same interval
+    def power_of(a, b):
+        return W.difference_power(correct[a][0], correct[b][0], owners, kinds, "F+", g, seed)
+
+    power = {"M": W.memorized_power(answers[CAPTION_MLM], classes, twin, g["level"], g["n_flip"], seed)} if answers else {}
+    read_t = S.stronger_form(transfer)
+    power |= {"R": power_of(CAPTION_MLM, CAPTION_MLM_NOFACTS), "T": power_of(read_t, TRANSFER[read_t]),
+              "D": power_of(P.PROPOSED, NOFACTS)}
+    ladder = [with_power(r, power) for r in ladder]
+
     tower = at[f"tower {PRETRAIN_CLIP.name}"]
     gates = [S.gate_a(diff("clip_t", "clip_nofacts_t", "F+"), tower["accuracy"], tower["p"], g),
              S.gate_b(diff("full_xdbert", "full_nofacts", "F+")),
@@ -230,7 +271,7 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
                        "baseline": (at["baseline"]["accuracy"], at["baseline"]["p"]),
                        "pretrain_encoder": (at["pretrain_encoder"]["accuracy"], at["pretrain_encoder"]["p"]),
                        "bag-of-words": (bow_accuracy, bow_p)}, g),
-             S.gate_d(claim, replication, g, S.failed_rung(ladder)),
+             with_power(S.gate_d(claim, replication, g, S.failed_rung(ladder)), power),
              S.gate_e(*counts, g)]
     # the caption control reads the facts directly: whether even it shows them tells what a null D means
     reference = diff(CAPTION_MLM, P.BASELINE, "F+") if CAPTION_MLM in correct else None
@@ -239,6 +280,8 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
 
     settings = {"facts seed (`mechanism.seed`)": s.seed, "gates (`mechanism.gates`)": ", ".join(f"{k} {v}" for k, v in g.items()),
                 "probe objects": f"{len(objects)} captioned (train + dev_captioned), {s.sentences} neutral sentences",
+                "probe null": f"{g['n_perm']} fact tables re-drawn by draw_facts, seeds {probe.NULL_SEEDS_FROM}-"
+                              f"{probe.NULL_SEEDS_FROM + g['n_perm'] - 1}",
                 "corpus baseline": f"context-word counts within {CONTEXT_WINDOW} words over {CORPUS}/train.parquet",
                 "bag-of-words null": "one-sided binomial against chance 1/attributes, F+ pooled over the facts seeds",
                 "gate E": "improved / worsened per F example (F+, F0) as grounding.compare_models counts them, "
@@ -249,6 +292,9 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
               "summary": S.summary(gates, reference),
               **({"upper_reference": M.interval_json(reference)} if reference else {}),
               "ladder": M.records_json(ladder), "gates": M.records_json(gates), "exposures": exposure,
+              "power": {name: W.power_json(p) for name, p in power.items()},
+              "frozen_readout": {"position": F.POSITION, "C": F.C, "f_plus": {m: M.interval_json(i) for m, i in readout_cells.items()},
+                                 "differences": {k: M.interval_json(i) for k, i in readout_diffs.items()}},
               "memorized": {m: {**r, "difference": M.interval_json(r["difference"])} for m, r in memory.items()},
               "claim": M.claim_json(claim), "gate_e": dict(zip(("improved_f_plus", "improved_f0", "worsened_f_plus",
                                                                  "worsened_f0"), counts)),
@@ -260,9 +306,24 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
                   ", ".join(plan.runs[VIS]), ", ".join(map(str, seeds))) + f"\n{S.summary(gates, reference)}\n"
     shown = {name: {k: v for k, v in r.items() if k != "correct"} for name, r in at.items()}
     notes = {CAPTION_MLM: "upper reference: MLM on the captions that state the facts, beside corpus windows",
-             CAPTION_MLM_NOFACTS: "its twin: the same on the twin's captions"}
+             CAPTION_MLM_NOFACTS: "its twin: the same on the twin's captions",
+             DISTILL_KL: "rung T: corpus MLM, masked words pulled (KL) towards the tower's next token",
+             DISTILL_KL_NOFACTS: "the same beside the twin tower",
+             DISTILL_COS: "rung T: corpus MLM, each token's state mapped onto the tower's (1 - cosine)",
+             DISTILL_COS_NOFACTS: "the same beside the twin tower"}
     return result, M.report_markdown(head, ladder, gates, rows, n, chance, bow, shown, settings, s.control_task, notes,
-                                     reference, exposure)
+                                     reference, exposure, W.null_reading(claim.f_plus, power["D"]), (readout_cells, readout_diffs))
+
+
+def with_power(record, power: dict):
+    """A rung's or D's record with its clause's power figure after its numbers (`power` by record name)."""
+    import dataclasses
+
+    from xdbert.analysis import power as W
+
+    if record.name not in power:
+        return record
+    return dataclasses.replace(record, numbers=f"{record.numbers}; {W.power_text(power[record.name])}")
 
 
 def exposures_per_fact(plan: Plan, facts, objects: list[str]) -> dict[str, dict]:

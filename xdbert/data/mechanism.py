@@ -22,13 +22,17 @@ from xdbert.paths import CLIP_TOWERS
 NOFACTS = "nofacts"          # the adapt variant beside the twin tower (`adapt.clip_tower: nofacts`)
 CAPTION_MLM = "caption_mlm"  # the caption-text control (`adapt.text: captions`): the facts read directly, the upper reference
 CAPTION_MLM_NOFACTS = "caption_mlm_nofacts"  # its twin (`adapt.text: captions_nofacts`): rung R's null
+DISTILL_KL = "distill_kl"    # rung T's control: MLM on the corpus, masked words pulled towards the tower's next token
+DISTILL_KL_NOFACTS = "distill_kl_nofacts"  # the same beside the twin tower: rung T's null
+DISTILL_COS = "distill_cos"  # rung T's other control: each token's state mapped onto the tower's state of it
+DISTILL_COS_NOFACTS = "distill_cos_nofacts"
 VIS = "vis"                  # the probe task, finetuned beside `tasks.names` when the study is on
 VIS_SIZES = ("train", "f_plus", "f_zero", "t")
 MECHANISM_KEYS = ("enabled", "extra_objects", "patterns", "seed", "n_train", "n_dev_captioned", "n_dev_uncaptioned",
                   "fact_share", "fact_rate", "after_object", "caption_frames", "caption_share", "vis", "models", "full_models",
                   "clip_towers", "control_task", "sentences", "bow_seeds", "replication", "gates")
 GATE_KEYS = ("level", "n_boot", "exact_below", "n_perm", "n_flip", "lambda", "probe_layer", "alpha_a", "alpha_c",
-             "alpha_d", "alpha_e", "m_accuracy", "alpha_r")
+             "alpha_d", "alpha_e", "m_accuracy", "alpha_r", "alpha_t")
 PROBE_LAYERS = ("cross_input",)  # the layer the cross layers read: the encoder's last, the tower's after ln_final
 
 
@@ -116,7 +120,7 @@ class MechanismSettings:
                    "probe_layer": P.choice(gates["probe_layer"], "mechanism.gates.probe_layer", PROBE_LAYERS),
                    **{k: P.positive(gates[k], f"mechanism.gates.{k}") for k in ("n_boot", "exact_below", "n_perm", "n_flip")},
                    **{k: P.fraction(gates[k], f"mechanism.gates.{k}")
-                      for k in ("alpha_a", "alpha_c", "alpha_d", "alpha_e", "m_accuracy", "alpha_r")}}
+                      for k in ("alpha_a", "alpha_c", "alpha_d", "alpha_e", "m_accuracy", "alpha_r", "alpha_t")}}
         return cls(
             enabled=enabled, objects=tuple(objects), n_old=len(OBJECTS), patterns=patterns,
             seed=P.non_negative(get("seed"), "mechanism.seed"), **counts,
