@@ -162,3 +162,14 @@ def test_a_clause_with_every_answer_right_has_no_power_figure_and_says_so():
     p = W.smallest_shift(right, eligible, interval_of, seed=0, n_sim=10)
     assert (p.share, p.detects, p.power, p.reached) == (0.0, 0.0, 1.0, False)
     assert W.power_text(p) == "power not read: every answer it could plant into is right already"
+
+
+def test_a_clause_that_passes_as_it_stands_needs_no_shift():
+    right = np.zeros((3, 40), bool)
+
+    def interval_of(planted):
+        return S.Interval(0.3, 0.1, 0.5, "test")  # above 0 whatever is planted
+
+    p = W.smallest_shift(right, np.ones_like(right), interval_of, seed=0, n_sim=10)
+    assert (p.share, p.detects, p.power, p.reached) == (0.0, 0.0, 1.0, True)
+    assert W.power_text(p) == "passes as it stands: no shift to plant"

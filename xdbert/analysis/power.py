@@ -89,11 +89,14 @@ def smallest_shift(right: np.ndarray, eligible: np.ndarray, interval_of: Interva
     """The smallest share in (0, 1], to 2^-steps, whose planted shift passes with at least `target` power
     (`power_at`), by bisection (the power is monotone in the share, see the module's docstring); where
     even share 1 falls short, share 1 with `reached` False. Where every eligible answer is right already there
-    is nothing to plant: share 0, `reached` False, the power whether the clause passes as it is."""
+    is nothing to plant: share 0, `reached` False, the power whether the clause passes as it is. A clause that
+    passes as it is needs no shift: share 0, `reached` True."""
     if not 0 < target < 1:
         raise ValueError(f"the target power must lie in (0, 1); got {target}")
     if np.shape(right) == np.shape(eligible) and not (np.asarray(eligible, bool) & ~np.asarray(right, bool)).any():
         return Power(0.0, 0.0, float(S.above_zero(interval_of(np.asarray(right, bool)))), False, n_sim, target)
+    if S.above_zero(interval_of(np.asarray(right, bool))):
+        return Power(0.0, 0.0, 1.0, True, n_sim, target)
     power, detects = power_at(right, eligible, interval_of, 1.0, n_sim, seed)
     if power < target:
         return Power(1.0, detects, power, False, n_sim, target)
@@ -195,7 +198,8 @@ def power_json(p: Power) -> dict:
 def power_text(p: Power) -> str:
     """The line beside a clause: the smallest difference it detects, or that it detects none."""
     if p.share == 0:
-        return "power not read: every answer it could plant into is right already"
+        return ("passes as it stands: no shift to plant" if p.reached else
+                "power not read: every answer it could plant into is right already")
     if not p.reached:
         return (f"detects no shift at {p.target:.0%} power: every wrong answer turned right adds {p.detects:+.2f} "
                 f"and passes {p.power:.0%} of {p.n_sim} simulations")
