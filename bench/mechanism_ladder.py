@@ -17,8 +17,8 @@ earlier `--parts towers` run left in --work are kept). `transfer`: rung T's cont
 beside its twin (`ablate@distill_kl`, `ablate@distill_cos` and their `_nofacts`), then the probe of each encoder.
 The probes are the study's (xdbert.analysis.mechanism.probe_row at `gates.probe_layer`, paired sign-flip p).
 
-`mechanism.seed` must be the tuning seed: the study's seeds 0 and 1 are refused, so development never reads
-them (issue 68). Writes bench/results/mechanism_ladder[_NAME].md and .json.
+The facts are the tuning seed's (100) unless a lever sets `mechanism.seed`; the study's seeds 0 and 1 are
+refused, so development never reads them (issue 68). Writes bench/results/mechanism_ladder[_NAME].md and .json.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ import xdbert  # noqa: F401, E402  (first: it fixes the CPU kernels and threads 
 import numpy as np  # noqa: E402
 
 STUDY_SEEDS = (0, 1)  # the study's facts and D's replication: never read before version 2 is committed
+TUNING_SEED = 100     # the facts every lever is tried on
 REFERENCES = ("caption_mlm", "caption_mlm_nofacts")
 LINKED = ("data/shards", "data/corpus", "models/tokenizer", "models/pretrain_encoder", "hub.lock.json")
 TOWERS = ("models/pretrain_clip", "models/pretrain_clip_nofacts")  # linked unless --parts has towers
@@ -61,7 +62,8 @@ def lever_params(items: list[str]) -> str:
 
 
 def prepare(project: Path, work: Path, params_text: str, linked: tuple[str, ...] = LINKED) -> None:
-    """The work folder: the project's fact-free inputs (`linked`) linked, the params written."""
+    """The work folder: the params written, the project's fact-free inputs (`linked`) linked."""
+    (work / "params.yaml").write_text(params_text, encoding="utf-8")
     for rel in linked:
         target, link = project / rel, work / rel
         if not target.exists():
@@ -69,7 +71,6 @@ def prepare(project: Path, work: Path, params_text: str, linked: tuple[str, ...]
         link.parent.mkdir(parents=True, exist_ok=True)
         if not link.exists() and not link.is_symlink():  # a folder an earlier run here trained (towers) is kept
             link.symlink_to(target.resolve())
-    (work / "params.yaml").write_text(params_text, encoding="utf-8")
 
 
 def stage(work: Path, *args: str) -> float:
@@ -102,7 +103,9 @@ def main() -> None:
     from xdbert.model.saving import load_full
     from xdbert.params import read_yaml_text
 
-    params_text = lever_params(args.set)
+    # the tuning seed unless a lever names one: params.yaml holds the study's seed once version 2 is committed
+    levers = args.set if any(x.startswith("mechanism.seed=") for x in args.set) else [f"mechanism.seed={TUNING_SEED}", *args.set]
+    params_text = lever_params(levers)
     params = read_yaml_text(params_text)
     m = MechanismSettings.from_params(params)
     if m.seed in STUDY_SEEDS:

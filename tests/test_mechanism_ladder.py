@@ -35,3 +35,12 @@ def test_the_study_s_seeds_are_refused_before_any_work(seed, tmp_path, monkeypat
     with pytest.raises(SystemExit, match=f"mechanism.seed {seed} is one of the study's seeds"):
         ladder().main()
     assert not (tmp_path / "work").exists()
+
+
+def test_without_a_seed_lever_it_reads_the_tuning_seed_whatever_params_yaml_holds(tmp_path, monkeypatch):
+    """The embedded profile holds the study's seed once version 2 is committed: the script must not read it."""
+    monkeypatch.setattr(sys, "argv", ["mechanism_ladder.py", "--project", str(tmp_path / "none"), "--work",
+                                      str(tmp_path / "work")])
+    with pytest.raises(SystemExit, match="is missing: run an embedded `dvc repro`"):  # past the seed check
+        ladder().main()
+    assert "seed: 100" in (tmp_path / "work" / "params.yaml").read_text()
