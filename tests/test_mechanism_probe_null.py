@@ -19,7 +19,9 @@ GATES = {"alpha_r": 0.05}
 
 @pytest.fixture(scope="module")
 def world():
-    s = MechanismSettings.from_params(values("embedded"))
+    params = values("embedded")
+    params["mechanism"]["seed"] = 100   # the de-risk's seed: the tests stay put when the study's seed moves
+    s = MechanismSettings.from_params(params)
     facts = s.facts()
     attributes = list(facts.attributes)
     objects = facts.captioned()
@@ -60,10 +62,11 @@ def test_the_null_is_tables_drawn_with_other_seeds(world):
 def test_the_redrawn_tables_keep_the_class_counts_within_strata_a_shuffle_does_not(world):
     real, strata = world["classes"], world["strata"]
     rng = np.random.default_rng(0)
-    redrawn = np.mean([strata_spread(row, strata) for row in world["null"]])
+    redrawn = np.array([strata_spread(row, strata) for row in world["null"]])
     shuffled = np.mean([strata_spread(rng.permutation(real), strata) for _ in range(DRAWS)])
-    assert redrawn <= strata_spread(real, strata) + 2   # as even as the real table, within a count or two
-    assert redrawn < shuffled / 2                       # a free shuffle spreads the classes over the strata
+    # The real table is one draw of the same process: its spread lies among the re-drawn tables' spreads.
+    assert np.percentile(redrawn, 1) <= strata_spread(real, strata) <= np.percentile(redrawn, 99)
+    assert redrawn.mean() < shuffled / 2   # a free shuffle spreads the classes over the strata
 
 
 def test_features_that_read_only_the_strata_sit_near_the_redrawn_null_not_the_shuffled_one(world):
