@@ -31,8 +31,10 @@ time of the runs left after the first 100 21% too high, after the first 300 78%.
   part and a part in proportion to cost through the cheapest and the costliest (the seconds per cost of
   all runs where one cost of the kind was measured): a run in flight that is larger than any measured is
   not taken for hours. Runs the run cache gives back count as measured, their recorded seconds scaled by
-  how much faster or slower the runs trained now went than they predict (they may have been timed under
-  another load).
+  how much faster or slower the runs trained now of their kinds went than they predict (they may have been
+  timed under another load). Only runs of a kind the reused runs have tell that pace: a change of the
+  facts reuses only encoders, and CLIP-T's or the full model's runs, read off the encoders' curve, made
+  the reused runs look six times too slow, and the estimate half the time really left.
 - A run's recorded seconds leave out what its worker spends outside it: Ray, and its result waiting
   while the stage's process saves another. A free worker takes the next run in order (engine.results),
   so as a run ends the next one starts, and how long a worker held each run is known: that less the
@@ -238,12 +240,13 @@ class Progress:
 
     def predictor(self) -> Callable[[str, float], float] | None:
         """The seconds a run group of a kind and a cost records (`curves` of the runs measured and of the
-        reused ones, at the pace of the runs measured)."""
+        reused ones, at the pace of the runs measured of the reused runs' kinds)."""
         measured = self.measured or self.firsts
         pace = 1.0
-        if measured and self.reused:
+        alike = [(k, c, s) for k, c, s in measured if k in {kind for kind, _, _ in self.reused}]
+        if alike:
             before = curves(self.reused)
-            pace = statistics.median(s / before(k, c) for k, c, s in measured)
+            pace = statistics.median(s / before(k, c) for k, c, s in alike)
         return curves(measured + [(k, c, s * pace) for k, c, s in self.reused])
 
     def left(self, now: float) -> float | None:
