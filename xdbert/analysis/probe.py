@@ -92,15 +92,6 @@ def null_accuracies(features: np.ndarray, null_classes: np.ndarray, n_classes: i
     return (scores.argmax(-1) == null_classes).mean(-1)
 
 
-def permutation_null(features: np.ndarray, classes: np.ndarray, n_classes: int, lam: float, n_perm: int,
-                     seed: int) -> np.ndarray:
-    """Left-out accuracies (n_perm,) with the classes shuffled freely over the objects (each class keeps its
-    count). The study reads `redrawn_classes` instead; bench/mechanism_derisk.py, whose world has its own fact
-    table and no `draw_facts`, reads this."""
-    rng = np.random.default_rng(seed)
-    return null_accuracies(features, np.stack([rng.permutation(classes) for _ in range(n_perm)]), n_classes, lam)
-
-
 def p_above(observed: float, null: np.ndarray) -> float:
     """One-sided permutation p-value, counting the observed draw: (1 + #null >= observed) / (1 + n)."""
     return float((1 + np.sum(null >= observed - 1e-12)) / (1 + len(null)))
