@@ -15,7 +15,8 @@ It runs on facts seeds other than the study's (0, 1) and the tuning seed's (100)
 project after an embedded `dvc repro`, only read: its token shards, tokenizer and `pretrain_encoder`, which no
 fact reaches. Finished adaptations and finetuning runs are kept in --work, so a second call trains only what is
 missing. Exploratory: the numbers were fixed by no pre-registration, and the default `dvc repro` runs none of it.
-Writes bench/results/mechanism_sweep.md, .json and .png.
+Writes bench/results/mechanism_sweep.md, .json and .png; the JSON copied to inputs/replications/mechanism-sweep.json
+is printed by the mechanism stage's report as an exploratory section (the stage depends on that folder).
 """
 from __future__ import annotations
 
@@ -151,11 +152,13 @@ def main() -> None:
                          f"calibration (100); the sweep is exploratory and reads other facts")
 
     from provenance import code_version, describe
+    from xdbert.analysis.mechanism import sweep_markdown
     from xdbert.data.mechanism import MechanismSettings
     from xdbert.params import read_yaml_text
 
     project, out = args.project.resolve(), args.out.resolve()
     result = {**code_version(), "exploratory": True, "seeds": seeds, "variants": {n: table[n][1] for n in names},
+              "rows": [{"variant": n, "ingredient": table[n][0], "value": point(n)} for n in names],
               "seconds": {}, "pairs": {}}
     for seed in seeds:
         work = (args.work / f"seed{seed}").resolve()
@@ -178,44 +181,21 @@ def main() -> None:
         result["pairs"][str(seed)] = read_pairs(correct, names, m.gates, seed, m.control_task)
     out.mkdir(parents=True, exist_ok=True)
     (out / "mechanism_sweep.json").write_text(json.dumps(result, indent=1) + "\n")
-    markdown = report(result, table, describe(result))
+    markdown = "\n".join(["# Mechanism study, exploratory: which ingredient moves the facts (issue 68, item 7)", "",
+                          describe(result), "", *sweep_markdown(result), "", "![F+ difference per variant](mechanism_sweep.png)", ""])
     (out / "mechanism_sweep.md").write_text(markdown)
-    plot(result, table, out / "mechanism_sweep.png")
+    plot(result, out / "mechanism_sweep.png")
     print(markdown)
 
 
-def report(result: dict, table: dict, provenance: str) -> str:
-    """The sweep's table: one row per variant, a column per facts seed."""
-    seeds = result["seeds"]
-    lines = ["# Mechanism study, exploratory: which ingredient moves the facts (issue 68, item 7)", "", provenance, "",
-             "**Exploratory.** No threshold was fixed for these numbers before they were read, and the seeds are "
-             "neither the study's (0) nor D's replication (1). Each row: an encoder adapted beside the facts tower minus "
-             "the same recipe beside the twin tower, finetuned on vis (F+: held-out objects whose facts the captions "
-             "state; the study's interval, objects then seeds) and on the control task (SST-2, examples then seeds).",
-             "", "| ingredient | value | " + " | ".join(f"facts seed {s}: F+ | seed {s}: SST-2" for s in seeds) + " |",
-             "|---|---|" + "---|---|" * len(seeds)]
-    for name in result["variants"]:
-        cells = []
-        for s in seeds:
-            pair = result["pairs"][str(s)][name]
-            cells += [interval_text(pair["f_plus"]), interval_text(pair["control"])]
-        lines.append(f"| {table[name][0]} | {point(name)} | " + " | ".join(cells) + " |")
-    lines += ["", "![F+ difference per variant](mechanism_sweep.png)", ""]
-    return "\n".join(lines)
-
-
-def interval_text(i: dict) -> str:
-    return f"{i['estimate']:+.2f} [{i['low']:.2f}, {i['high']:.2f}]"
-
-
-def plot(result: dict, table: dict, path: Path) -> None:
+def plot(result: dict, path: Path) -> None:
     """F+ difference and its interval per variant, a marker per facts seed; zero marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(result["variants"])
+    names = [row["variant"] for row in result["rows"]]
     fig, ax = plt.subplots(figsize=(8, 3.6))
     for k, s in enumerate(result["seeds"]):
         xs = np.arange(len(names)) + (k - (len(result["seeds"]) - 1) / 2) * 0.2
@@ -224,7 +204,7 @@ def plot(result: dict, table: dict, path: Path) -> None:
         err = np.array([[p["estimate"] - p["low"] for p in pairs], [p["high"] - p["estimate"] for p in pairs]])
         ax.errorbar(xs, est, yerr=err, fmt="o", capsize=3, label=f"facts seed {s}")
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(names)), [f"{table[n][0]}\n{point(n)}" for n in names], fontsize=7)
+    ax.set_xticks(range(len(names)), [f"{row['ingredient']}\n{row['value']}" for row in result["rows"]], fontsize=7)
     ax.set_ylabel("vis F+: real - twin tower")
     ax.set_title("Exploratory: which ingredient moves the facts", fontsize=10)
     ax.legend(fontsize=8)

@@ -71,13 +71,36 @@ def test_the_pairs_are_read_as_gate_d_reads_xdbert_against_nofacts(sweep):
     assert pair["control"]["estimate"] == 0.0
 
 
-def test_the_table_and_plot_show_every_variant_and_seed(sweep, tmp_path):
+def sweep_result(sweep, pair: dict) -> dict:
     table = sweep.variants()
-    pair = {"f_plus": {"estimate": 0.05, "low": -0.02, "high": 0.11}, "control": {"estimate": 0.0, "low": -0.01, "high": 0.01}}
-    result = {"seeds": [2, 3], "variants": {n: v for n, (_, v) in table.items()},
-              "pairs": {s: {n: pair for n in table} for s in ("2", "3")}}
-    markdown = sweep.report(result, table, "(provenance)")
+    return {"seeds": [2, 3], "variants": {n: v for n, (_, v) in table.items()},
+            "rows": [{"variant": n, "ingredient": g, "value": sweep.point(n)} for n, (g, _) in table.items()],
+            "pairs": {s: {n: pair for n in table} for s in ("2", "3")}}
+
+
+PAIR = {"f_plus": {"estimate": 0.05, "low": -0.02, "high": 0.11}, "control": {"estimate": 0.0, "low": -0.01, "high": 0.01}}
+
+
+def test_the_table_and_plot_show_every_variant_and_seed(sweep, tmp_path):
+    from xdbert.analysis.mechanism import sweep_markdown
+
+    result = sweep_result(sweep, PAIR)
+    markdown = "\n".join(sweep_markdown(result))
     assert "**Exploratory.**" in markdown and "| MATCH weight | 10 (XDBERT; 1 epoch) | +0.05 [-0.02, 0.11] |" in markdown
-    assert markdown.count("\n| ") == 1 + len(table) and "facts seed 3: F+" in markdown
-    sweep.plot(result, table, tmp_path / "sweep.png")
+    assert markdown.count("\n| ") == 1 + len(sweep.variants()) and "seed 3: F+" in markdown
+    sweep.plot(result, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_stage_reads_the_sweep_beside_the_replications_and_refuses_a_file_that_is_none(sweep, tmp_path, monkeypatch):
+    from xdbert import io
+    from xdbert.analysis import mechanism_study
+    from xdbert.errors import PipelineError
+
+    monkeypatch.chdir(tmp_path)
+    assert mechanism_study.read_sweep() is None  # not run: the report has no section
+    io.write_json(mechanism_study.SWEEP, sweep_result(sweep, PAIR))
+    assert mechanism_study.read_sweep()["seeds"] == [2, 3]
+    io.write_json(mechanism_study.SWEEP, sweep_result(sweep, {"f_plus": PAIR["f_plus"]}))
+    with pytest.raises(PipelineError, match="holds no results of bench/mechanism_sweep.py .*KeyError\\('control'\\)"):
+        mechanism_study.read_sweep()

@@ -160,6 +160,27 @@ def claim_from_json(d: Mapping) -> S.Claim:
 # The report
 # ----------------------------------------------------------------------------------------------------
 
+def sweep_markdown(sweep: Mapping) -> list[str]:
+    """The exploratory sweep's table (bench/mechanism_sweep.py's JSON): a row per variant, and per facts seed
+    its pair's F+ difference and the control task's, each with its interval."""
+    seeds = sweep["seeds"]
+
+    def shown(i: Mapping) -> str:
+        return f"{i['estimate']:+.2f} [{i['low']:.2f}, {i['high']:.2f}]"
+
+    out = ["**Exploratory.** No threshold was fixed for these numbers before they were read, and the facts seeds are "
+           "neither the study's (0) nor D's replication (1). Each row: an encoder adapted beside the facts tower minus "
+           "the same recipe beside the twin tower, finetuned on vis (F+: the study's interval, objects then seeds) and "
+           "on the control task (SST-2: examples then seeds).", "",
+           "| ingredient | value | " + " | ".join(f"seed {s}: F+ | seed {s}: SST-2" for s in seeds) + " |",
+           "|---|---|" + "---|---|" * len(seeds)]
+    for row in sweep["rows"]:
+        pairs = [sweep["pairs"][str(s)][row["variant"]] for s in seeds]
+        out.append(f"| {row['ingredient']} | {row['value']} | "
+                   + " | ".join(f"{shown(p['f_plus'])} | {shown(p['control'])}" for p in pairs) + " |")
+    return out
+
+
 def _cell(i: S.Interval) -> str:
     exact = "*" if i.method == S.EXACT else ""
     return f"{i.estimate:.2f} [{i.low:.2f}, {i.high:.2f}]{exact}"
@@ -176,12 +197,14 @@ def report_markdown(head: str, ladder: Sequence[S.Gate], gates: Sequence[S.Gate]
                     probes: Mapping[str, dict], settings: Mapping, control_task: str,
                     notes: Mapping[str, str] | None = None, reference: S.Interval | None = None,
                     exposures: Mapping[str, dict] | None = None, d_power: str = "",
-                    readout: tuple[Mapping[str, S.Interval], Mapping[str, S.Interval]] | None = None) -> str:
+                    readout: tuple[Mapping[str, S.Interval], Mapping[str, S.Interval]] | None = None,
+                    sweep: Mapping | None = None) -> str:
     """reports/mechanism.md: header, the calibration ladder, gates, the rows x columns cells, the probe at the cross layers' input,
     the settings, and the plain statement of a null D. `notes`: what a row is, after its name in both tables
     (the caption control: the upper reference); `reference`: the upper reference minus the baseline on F+
     (`mechanism_stats.summary`); `d_power`: a null D read with its power (`power.null_reading`); `readout`: the
-    frozen readout's F+ cell per encoder and its paired differences (`frozen_readout`)."""
+    frozen readout's F+ cell per encoder and its paired differences (`frozen_readout`); `sweep`: the exploratory
+    sweep's results, where one was run (`sweep_markdown`)."""
     def named(label: str) -> str:
         return f"{label} ({notes[label]})" if notes and label in notes else label
 
@@ -224,5 +247,7 @@ def report_markdown(head: str, ladder: Sequence[S.Gate], gates: Sequence[S.Gate]
             "| model | accuracy | selectivity | p | null mean | null 95% |", "|---|---|---|---|---|---|"]
     out += [f"| {named(name)} | {r['accuracy']:.2f} | {r['selectivity']:+.2f} | {S.fmt_p(r['p'])} | "
             f"{r['null_mean']:.2f} | {r['null_q95']:.2f} |" for name, r in probes.items()]
+    if sweep:
+        out += ["", "## Exploratory: which ingredient moves the facts", "", *sweep_markdown(sweep)]
     out += ["", "## Settings", ""] + [f"- {k}: {v}" for k, v in settings.items()] + [""]
     return "\n".join(out)

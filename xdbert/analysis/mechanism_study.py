@@ -28,6 +28,7 @@ from xdbert.paths import (
 )
 
 REPLICATIONS = Path("inputs/replications")  # gate D's runs on other facts: a dep of this stage, so a changed one reruns it
+SWEEP = REPLICATIONS / "mechanism-sweep.json"  # the exploratory sweep's results (bench/mechanism_sweep.py), where run
 CONTEXT_WINDOW = 5   # the corpus baseline's context: words within 5 of the object, where a stated fact would sit
 TRANSFER = {DISTILL_KL: DISTILL_KL_NOFACTS, DISTILL_COS: DISTILL_COS_NOFACTS}  # rung T's controls and their twins
 NEEDED = {CAPTION_MLM: "rungs M and R", CAPTION_MLM_NOFACTS: "rung R", **{m: "rung T" for pair in TRANSFER.items() for m in pair},
@@ -103,6 +104,22 @@ def replication_claim(path: str, seed: int):
         raise PipelineError(f"`mechanism.replication`: {path} is a run on facts seed {seed}, this study's own; D's "
                             f"replication needs the facts reassigned (`mechanism.seed: 1`), or \"\"")
     return claim
+
+
+def read_sweep() -> dict | None:
+    """The exploratory sweep's results (`SWEEP`), None where it was not run; a PipelineError for a file that is
+    not one."""
+    if not SWEEP.is_file():
+        return None
+    from xdbert.analysis.mechanism import sweep_markdown
+
+    try:
+        sweep = io.read_json(SWEEP)
+        sweep_markdown(sweep)  # renders every cell: a file that lacks one, or holds a non-number, fails here
+    except (KeyError, TypeError, ValueError) as e:
+        raise PipelineError(f"{SWEEP} holds no results of bench/mechanism_sweep.py ({e!r}): rerun it and copy its "
+                            f"bench/results/mechanism_sweep.json there, or remove the file") from None
+    return sweep
 
 
 def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, str]:
@@ -278,6 +295,7 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
 
     exposure = exposures_per_fact(plan, facts, words)
 
+    sweep = read_sweep()
     settings = {"facts seed (`mechanism.seed`)": s.seed, "gates (`mechanism.gates`)": ", ".join(f"{k} {v}" for k, v in g.items()),
                 "probe objects": f"{len(objects)} captioned (train + dev_captioned), {s.sentences} neutral sentences",
                 "probe null": f"{g['n_perm']} fact tables re-drawn by draw_facts, seeds {probe.NULL_SEEDS_FROM}-"
@@ -287,7 +305,8 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
                 "gate E": "improved / worsened per F example (F+, F0) as grounding.compare_models counts them, "
                           "tested by kind alone: no grounded-word ratio is computed, so attribute words enter no "
                           "grounded-word set",
-                "replication (`mechanism.replication`)": s.replication or "not run"}
+                "replication (`mechanism.replication`)": s.replication or "not run",
+                "exploratory sweep": f"{SWEEP} (facts seeds {', '.join(map(str, sweep['seeds']))})" if sweep else "not run"}
     result = {"profile": plan.profile, "enabled": True, "facts_seed": s.seed, "thresholds": dict(g),
               "summary": S.summary(gates, reference),
               **({"upper_reference": M.interval_json(reference)} if reference else {}),
@@ -312,7 +331,8 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
              DISTILL_COS: "rung T: corpus MLM, each token's state mapped onto the tower's (1 - cosine)",
              DISTILL_COS_NOFACTS: "the same beside the twin tower"}
     return result, M.report_markdown(head, ladder, gates, rows, n, chance, bow, shown, settings, s.control_task, notes,
-                                     reference, exposure, W.null_reading(claim.f_plus, power["D"]), (readout_cells, readout_diffs))
+                                     reference, exposure, W.null_reading(claim.f_plus, power["D"]), (readout_cells, readout_diffs),
+                                     sweep)
 
 
 def with_power(record, power: dict):
