@@ -4,9 +4,9 @@ import random
 
 import numpy as np
 import pytest
-import torch
 
 from xdbert.analysis import frozen_readout as F
+from tiny_bert import tiny_bert
 from xdbert.data.synthetic.words import Noun
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,17 +38,7 @@ def rows(n: int, seed: int) -> list[tuple[str, int]]:
 def bert(tmp_path_factory):
     """A tiny random BertModel and a WordPiece tokenizer trained on the sentences, loaded back the way the
     pipeline loads models/tokenizer (AutoTokenizer: the fast tokenizer)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from xdbert.data.tokenization.vocab import train_wordpiece
-
-    folder = tmp_path_factory.mktemp("wordpiece")
-    train_wordpiece([t for t, _ in rows(400, 9)], 100, 64).save_pretrained(folder)  # small: plurals in pieces
-    tok = AutoTokenizer.from_pretrained(folder)
-    torch.manual_seed(0)
-    model = BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                 intermediate_size=64, max_position_embeddings=64))
-    return model, tok
+    return tiny_bert(tmp_path_factory.mktemp("wordpiece"), [t for t, _ in rows(400, 9)], 100)  # small: plurals in pieces
 
 
 def test_object_word_is_the_one_object_form_of_the_sentence():

@@ -9,6 +9,7 @@ import torch
 from xdbert.analysis.representations import (
     bag_of_words_predictions, context_counts, encoder_features, neutral_sentences, tower_features,
 )
+from tiny_bert import tiny_bert
 from xdbert.data.synthetic.words import Noun
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,18 +31,8 @@ def clip():
 def bert(tmp_path_factory):
     """A tiny random BertModel and a WordPiece tokenizer trained on the neutral sentences, loaded back the
     way the pipeline loads models/tokenizer (AutoTokenizer: the fast tokenizer)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from xdbert.data.tokenization.vocab import train_wordpiece
-
-    folder = tmp_path_factory.mktemp("wordpiece")
     texts = [f.format(o) for f in neutral_sentences(20) for o in OBJECTS] * 5
-    train_wordpiece(texts, 200, 64).save_pretrained(folder)
-    tok = AutoTokenizer.from_pretrained(folder)
-    torch.manual_seed(0)
-    model = BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                 intermediate_size=64, max_position_embeddings=64))
-    return model, tok
+    return tiny_bert(tmp_path_factory.mktemp("wordpiece"), texts, 200)
 
 
 def test_neutral_sentences_hold_one_object_slot_and_no_attribute():
