@@ -196,7 +196,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = [row["variant"] for row in result["rows"]]
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
     for k, s in enumerate(result["seeds"]):
         xs = np.arange(len(names)) + (k - (len(result["seeds"]) - 1) / 2) * 0.2
         pairs = [result["pairs"][str(s)][n]["f_plus"] for n in names]
@@ -204,7 +204,8 @@ def plot(result: dict, path: Path) -> None:
         err = np.array([[p["estimate"] - p["low"] for p in pairs], [p["high"] - p["estimate"] for p in pairs]])
         ax.errorbar(xs, est, yerr=err, fmt="o", capsize=3, label=f"facts seed {s}")
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(names)), [f"{row['ingredient']}\n{row['value']}" for row in result["rows"]], fontsize=7)
+    ax.set_xticks(range(len(names)), [f"{row['ingredient']} {row['value']}" for row in result["rows"]], fontsize=7,
+                  rotation=30, ha="right")
     ax.set_ylabel("vis F+: real - twin tower")
     ax.set_title("Exploratory: which ingredient moves the facts", fontsize=10)
     ax.legend(fontsize=8)
