@@ -73,8 +73,8 @@ def test_the_pairs_are_read_as_gate_d_reads_xdbert_against_nofacts(sweep):
 
 def sweep_result(sweep, pair: dict) -> dict:
     table = sweep.variants()
-    return {"seeds": [2, 3], "variants": {n: v for n, (_, v) in table.items()},
-            "rows": [{"variant": n, "ingredient": g, "value": sweep.point(n)} for n, (g, _) in table.items()],
+    return {"seeds": [2, 3], "variants": {n: entry for n, (_, _, entry) in table.items()},
+            "rows": [{"variant": n, "ingredient": g, "value": v} for n, (g, v, _) in table.items()],
             "pairs": {s: {n: pair for n in table} for s in ("2", "3")}}
 
 
