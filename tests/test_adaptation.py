@@ -159,6 +159,7 @@ def test_fp16_on_the_cpu_autocasts_scales_the_loss_and_learns(data, tmp_path, mo
     assert metrics["train_mlm_loss"] < metrics["first_mlm_loss"] - 0.25  # fp32: 0.30-0.33 lower after 10 steps (seeds 0-2)
 
 
+@pytest.mark.slow  # two bf16 adaptations, every op seen by a dispatch mode
 def test_a_step_casts_each_weight_once_whatever_its_micro_batches(data, tmp_path):
     """Under bf16 autocast the step's micro-batches share one cast copy of each trained weight: 4
     micro-batches cast the weights as often as 1 does (a region per micro-batch cast them all again for each)."""

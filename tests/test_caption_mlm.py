@@ -136,6 +136,7 @@ def test_a_tiny_adaptation_on_caption_windows_lowers_its_mlm_loss(captions, tmp_
     assert m["train_mlm_loss"] < m["first_mlm_loss"] - 0.7, (m["first_mlm_loss"], m["train_mlm_loss"])
 
 
+@pytest.mark.slow  # kill and resume, seven trainings; the fast tier keeps adaptation's
 def test_a_killed_caption_run_resumes_to_the_same_weights_and_other_captions_do_not(captions, tmp_path, capsys):
     """As every variant: a checkpoint resumes into the same steps (past a pass's end, into the next pass's
     order), and a checkpoint of other caption windows or another step count starts afresh."""

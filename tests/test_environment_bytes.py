@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 VARIED = (*OFFLINE, "HF_HOME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE", "LANGUAGE")
@@ -116,6 +117,7 @@ def differences(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
     return lines
 
 
+@pytest.mark.slow  # two environments, each writing every kind of folder
 def test_every_saved_folder_has_the_same_bytes_in_two_environments(tmp_path):
     inputs = write_inputs(tmp_path / "inputs")
     a = run_in(tmp_path / "a", inputs, {"LANG": "C.UTF-8", "TMPDIR": str(tmp_path / "tmp-a")})

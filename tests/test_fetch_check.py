@@ -135,20 +135,23 @@ def test_every_asset_of_the_mirror_passes_in_one_table(out):
     assert "| bert-base-cased (`probes.reference`) | PASS | bert," in result.output
 
 
+# Each corruption is a whole check of the mirror: the fast tier keeps one of a weights file and one of a hand-provided one
 @pytest.mark.parametrize("corrupt, asset, found", [
     (remove_a_weight, "bert-base-uncased (`model.encoder`)", "lacks 1 of its weights (encoder.layer.1.output.dense.weight)"),
-    (rename_a_column, "nyu-mll/glue rte (`tasks.glue_hub_id`)", "lacks columns ['sentence1']"),
-    (shuffle_the_labels, "nyu-mll/glue mnli (`tasks.glue_hub_id`)",
-     "expected label names ['entailment', 'neutral', 'contradiction'] (xdbert.data.tasks.registry), found "
-     "['contradiction', 'neutral', 'entailment']"),
-    (truncate_weights, "google/electra-base-discriminator (`families.electra-b.encoder`)",
-     "expected it to load, found RuntimeError: unexpected EOF"),
     (remove_a_hand_provided_file, "inputs/commonlit/train.csv (`tasks.read_path`)", "missing inputs/commonlit/train.csv"),
-    (drop_a_subjects_counts, "inputs/vicomte material (`probes.vicomte_dir`)",
-     "inputs/vicomte/mine-data/db/material/train.jsonl, line 3: subject 'book' has no counts in "
-     "inputs/vicomte/mine-data/distributions/material-dist.jsonl"),
-    (cut_a_coda_distribution, "corypaik/coda (`probes.coda_hub_id`)",
-     "data/default_validation.jsonl, line 2: `label` must be 11 non-negative numbers"),
+    *[pytest.param(*case, marks=pytest.mark.slow) for case in [
+        (rename_a_column, "nyu-mll/glue rte (`tasks.glue_hub_id`)", "lacks columns ['sentence1']"),
+        (shuffle_the_labels, "nyu-mll/glue mnli (`tasks.glue_hub_id`)",
+         "expected label names ['entailment', 'neutral', 'contradiction'] (xdbert.data.tasks.registry), found "
+         "['contradiction', 'neutral', 'entailment']"),
+        (truncate_weights, "google/electra-base-discriminator (`families.electra-b.encoder`)",
+         "expected it to load, found RuntimeError: unexpected EOF"),
+        (drop_a_subjects_counts, "inputs/vicomte material (`probes.vicomte_dir`)",
+         "inputs/vicomte/mine-data/db/material/train.jsonl, line 3: subject 'book' has no counts in "
+         "inputs/vicomte/mine-data/distributions/material-dist.jsonl"),
+        (cut_a_coda_distribution, "corypaik/coda (`probes.coda_hub_id`)",
+         "data/default_validation.jsonl, line 2: `label` must be 11 non-negative numbers"),
+    ]],
 ])
 def test_a_corrupted_asset_is_one_error_line_naming_it_and_the_lock_stays(out, corrupt, asset, found):
     corrupt(out)
@@ -184,6 +187,7 @@ def test_a_failed_check_after_a_download_keeps_the_old_lock(out):
     assert (out / "hub.lock.json").read_bytes() == lock
 
 
+@pytest.mark.slow  # the whole rehearsal mirror checked in a clone
 def test_the_rehearsal_checks_its_mirror_with_its_own_code_before_dvc_repro(rehearsal, capfd):
     """`xdbert rehearse` runs this check in the clone (the committed code), offline, before `dvc repro`."""
     rehearse.check(rehearsal, say=lambda line: None)

@@ -227,6 +227,7 @@ def test_a_planted_leak_fails_c(tmp_path, monkeypatch):
     assert "C fails: the study is invalid" in md or "A fails" in md or "B fails" in md
 
 
+@pytest.mark.slow  # three stage runs on a project of its own
 def test_d_on_its_seed_alone_is_not_replicated(tmp_path, monkeypatch):
     build_project(tmp_path, d_holds=True)
     # the ladder below D passes here (its rungs' own tests: tests/test_mechanism_stats.py): D is read

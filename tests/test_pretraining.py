@@ -101,6 +101,7 @@ def test_pretraining_learns_to_fill_the_restatement(tmp_path):
     assert metrics["last_mlm_accuracy"] > 0.25 > metrics["first_mlm_accuracy"], metrics
 
 
+@pytest.mark.slow  # kill and resume, four trainings; the fast tier keeps adaptation's
 def test_killed_pretraining_resumes_to_the_same_weights(tmp_path, capsys):
     tok, sentences = tokenizer(tmp_path), corpus()
     whole = tiny_model(len(tok))
@@ -223,6 +224,7 @@ def test_clip_stand_in_learns_to_predict_the_next_token(tmp_path):
     assert metrics["last_lm_loss"] < 0.5 * metrics["first_lm_loss"], metrics
 
 
+@pytest.mark.slow  # kill and resume, four trainings; the fast tier keeps adaptation's
 def test_killed_clip_pretraining_resumes_to_the_same_weights(tmp_path, capsys):
     blocks = clip_blocks()
     whole = tiny_tower()
