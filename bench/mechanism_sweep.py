@@ -25,6 +25,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -40,21 +41,28 @@ WEIGHTS = {"mlm": 1.0, "match": 10.0, "cliptc": 1.0}
 TWIN_TOWER = "pretrain_clip_nofacts"
 
 
-def variants() -> dict[str, tuple[str, str, dict]]:
-    """Each point of the sweep: (its row's group, the swept value its row shows, the `adapt.variants` entry of its
-    facts-tower side)."""
+class Point(NamedTuple):
+    """One point of the sweep."""
+    group: str   # its row's ingredient
+    shown: str   # the swept value its row shows
+    entry: dict  # the `adapt.variants` entry of its facts-tower side
+
+
+def variants() -> dict[str, Point]:
+    """Each point of the sweep, by its variant's name."""
     out = {}
     # weight 0 is MATCH off (a weight must be positive): no negative pairs either, CLIP beside each window's own text
-    out["sweep_match0"] = ("MATCH weight", "0", {"losses": ["mlm", "cliptc"], "cross_layers": 2,
-                                                 "loss_weights": {"mlm": 1.0, "cliptc": 1.0}})
+    out["sweep_match0"] = Point("MATCH weight", "0", {"losses": ["mlm", "cliptc"], "cross_layers": 2,
+                                                      "loss_weights": {"mlm": 1.0, "cliptc": 1.0}})
     for w in (1, 10, 30):
         shown = "10 (XDBERT; 1 epoch)" if w == 10 else str(w)
-        out[f"sweep_match{w}"] = ("MATCH weight", shown, {**RECIPE, "loss_weights": {**WEIGHTS, "match": float(w)}})
+        out[f"sweep_match{w}"] = Point("MATCH weight", shown,
+                                       {**RECIPE, "loss_weights": {**WEIGHTS, "match": float(w)}})
     for e in (2, 4):
-        out[f"sweep_epochs{e}"] = ("adaptation epochs", str(e), {**RECIPE, "loss_weights": WEIGHTS, "epochs": e})
+        out[f"sweep_epochs{e}"] = Point("adaptation epochs", str(e), {**RECIPE, "loss_weights": WEIGHTS, "epochs": e})
     for w in (1, 10, 30):
-        out[f"sweep_kl{w}"] = ("T control's weight", str(w), {"losses": ["mlm", "kl"], "cross_layers": 0,
-                                                              "loss_weights": {"mlm": 1.0, "kl": float(w)}})
+        out[f"sweep_kl{w}"] = Point("T control's weight", str(w), {"losses": ["mlm", "kl"], "cross_layers": 0,
+                                                                   "loss_weights": {"mlm": 1.0, "kl": float(w)}})
     return out
 
 
@@ -64,9 +72,8 @@ def seed_params(seed: int, names: list[str]) -> str:
     table = variants()
     entries = {}
     for name in names:
-        _, _, entry = table[name]
-        entries[name] = entry
-        entries[f"{name}_nofacts"] = {**entry, "clip_tower": TWIN_TOWER}
+        entries[name] = table[name].entry
+        entries[f"{name}_nofacts"] = {**table[name].entry, "clip_tower": TWIN_TOWER}
     items = [f"mechanism.seed={seed}", f"mechanism.models={json.dumps(list(entries))}"]
     items += [f"adapt.variants.{k}={json.dumps(v)}" for k, v in entries.items()]
     return lever_params(items)
@@ -155,8 +162,8 @@ def main() -> None:
     from xdbert.params import read_yaml_text
 
     project, out = args.project.resolve(), args.out.resolve()
-    result = {**code_version(), "exploratory": True, "seeds": seeds, "variants": {n: table[n][2] for n in names},
-              "rows": [{"variant": n, "ingredient": table[n][0], "value": table[n][1]} for n in names],
+    result = {**code_version(), "exploratory": True, "seeds": seeds, "variants": {n: table[n].entry for n in names},
+              "rows": [{"variant": n, "ingredient": table[n].group, "value": table[n].shown} for n in names],
               "seconds": {}, "pairs": {}}
     for seed in seeds:
         work = (args.work / f"seed{seed}").resolve()
