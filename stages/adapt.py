@@ -147,11 +147,13 @@ def main() -> None:
             plots = outputs.enter_context(io.atomic_path(paths.ADAPT_PLOTS / name, is_dir=True))
             live = outputs.enter_context(Live(dir=str(plots), save_dvc_exp=False, dvcyaml=None))
 
+        # No `live.next_step()`: in dvclive 3.49 it re-reads every plot TSV for Studio at each step, a cost
+        # that grows with the square of the steps (a third of a caption reference's time). `log_metric`
+        # appends the TSV rows, and leaving the `Live` block writes the summary, the same bytes either way.
         def log(metrics: dict, step: int) -> None:
             live.step = step  # the loop's own count, also when a resumed run replays the steps it took before
             for k, v in metrics.items():
                 live.log_metric(k, v, plot=True)
-            live.next_step()
         metrics = adapt(xdbert, windows, valid, make_batch, settings, checkpoint, log=log if live else None, steps=steps)
     if not main_process:
         return
