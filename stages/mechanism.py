@@ -15,7 +15,7 @@ from xdbert import io
 from xdbert import params as P
 from xdbert.adaptation.pretrain_settings import PretrainSettings
 from xdbert.adaptation.settings import AdaptSettings
-from xdbert.analysis.mechanism_study import NEEDED, Plan, check_inputs, replication_claim, study
+from xdbert.analysis.mechanism_study import Plan, check_inputs, missing_rows, replication_claim, study
 from xdbert.data.mechanism import CAPTION_MLM, VIS, MechanismSettings
 from xdbert.errors import PipelineError
 from xdbert.finetuning.control.runs import Study
@@ -31,7 +31,7 @@ def read(p: dict) -> Plan:
     tasks_seed = P.non_negative(P.get(P.section(p, "tasks"), "seed", "tasks"), "tasks.seed")
     study = Study.from_params(p, s) if s.enabled else None
     runs = {task: study.mechanism_runs(task) for task in (VIS, s.control_task)} if s.enabled else {}
-    missing = [f"{label} ({why})" for label, why in NEEDED.items() if s.enabled and label not in runs[VIS]]
+    missing = missing_rows(runs[VIS]) if s.enabled else []
     if missing:
         raise PipelineError(f"the mechanism study's gates need the rows {', '.join(missing)}: list them in "
                             f"`mechanism.models`, `mechanism.full_models` (as the name after full_) or "

@@ -31,12 +31,26 @@ REPLICATIONS = Path("inputs/replications")  # gate D's runs on other facts: a de
 SWEEP = REPLICATIONS / "mechanism-sweep.json"  # the exploratory sweep's results (bench/mechanism_sweep.py), where run
 CONTEXT_WINDOW = 5   # the corpus baseline's context: words within 5 of the object, where a stated fact would sit
 TRANSFER = {DISTILL_KL: DISTILL_KL_NOFACTS, DISTILL_COS: DISTILL_COS_NOFACTS}  # rung T's controls and their twins
-NEEDED = {CAPTION_MLM: "rungs M and R", CAPTION_MLM_NOFACTS: "rung R", **{m: "rung T" for pair in TRANSFER.items() for m in pair},
+# the KL pair is rung T's own form (issue 68); the cosine pair is optional, read beside it where listed (`missing_rows`)
+NEEDED = {CAPTION_MLM: "rungs M and R", CAPTION_MLM_NOFACTS: "rung R", DISTILL_KL: "rung T", DISTILL_KL_NOFACTS: "rung T",
           "clip_t": "gate A", "clip_nofacts_t": "gate A",
           "full_xdbert": "gate B", "full_nofacts": "gate B", "baseline": "rung M and gate C", P.PROPOSED: "gates D and E",
           NOFACTS: "gates D and E"}
 CLOZED = (CAPTION_MLM, P.BASELINE)  # the models rung M asks with their own MLM head (their whole models: the head)
 REFERENCES = {CAPTION_MLM: "real", CAPTION_MLM_NOFACTS: "twin"}  # the caption references and the table they read
+
+
+def missing_rows(rows) -> list[str]:
+    """The rows the gates need that `rows` lacks, each with the rung or gate that reads it: all of NEEDED, and
+    both halves of any other pair of rung T's listed (a control without its twin has nothing to be read against)."""
+    needed = dict(NEEDED)
+    needed.update({m: "rung T" for pair in TRANSFER.items() if set(pair) & set(rows) for m in pair})
+    return [f"{label} ({why})" for label, why in needed.items() if label not in rows]
+
+
+def transfer_pairs(rows) -> dict[str, str]:
+    """Rung T's controls among `rows`, each with its twin (`missing_rows` has checked that they come in pairs)."""
+    return {a: b for a, b in TRANSFER.items() if a in rows}
 
 
 class Plan(NamedTuple):
@@ -147,6 +161,7 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
     from xdbert.model.saving import load_clip_tower, load_full
 
     s, g, seed = plan.s, plan.s.gates, plan.s.seed
+    pairs = transfer_pairs(s.models)  # rung T's controls listed, each with its twin
     facts = s.facts()
     attributes = list(facts.attributes)
     objects = facts.captioned()
@@ -225,7 +240,7 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
     readout_cells = {m: S.cell(r, owners, kinds, "F+", n_boot=g["n_boot"], level=g["level"], exact_below=g["exact_below"],
                                seed=seed) for m, r in readout.items()}
     readout_diffs = {f"{a} - {b}": M.difference(readout[a], readout[b], owners, kinds, "F+", g, seed)
-                     for a, b in ((CAPTION_MLM, CAPTION_MLM_NOFACTS), *TRANSFER.items(), (P.PROPOSED, NOFACTS))}
+                     for a, b in ((CAPTION_MLM, CAPTION_MLM_NOFACTS), *pairs.items(), (P.PROPOSED, NOFACTS))}
 
     # The bag-of-words row: F+ pooled over facts seeds, each with its own vis examples
     right = total = 0
@@ -261,7 +276,7 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
     answers = {} if unreadable else {
         m: cloze.cloze_answers(load_full(crossmodal(plan.family, m)), tok, words, attributes) for m in CLOZED}
     memory = {m: cloze.memorized(x, classes, twin, g["level"], g["n_flip"], seed) for m, x in answers.items()}
-    transfer = {a: (diff(a, b, "F+"), at[a]["accuracy"] - at[b]["accuracy"], flip_p(a, b)) for a, b in TRANSFER.items()}
+    transfer = {a: (diff(a, b, "F+"), at[a]["accuracy"] - at[b]["accuracy"], flip_p(a, b)) for a, b in pairs.items()}
     ladder = [S.Gate("M", S.FAIL, f"not read: {unreadable}") if unreadable else
               S.rung_m(memory[CAPTION_MLM], memory[P.BASELINE], g),
               S.rung_r(diff(CAPTION_MLM, CAPTION_MLM_NOFACTS, "F+"),
@@ -277,7 +292,7 @@ def study(plan: Plan, control_split: str, replication, header) -> tuple[dict, st
 
     power = {"M": W.memorized_power(answers[CAPTION_MLM], classes, twin, g["level"], g["n_flip"], seed)} if answers else {}
     read_t = S.stronger_form(transfer)
-    power |= {"R": power_of(CAPTION_MLM, CAPTION_MLM_NOFACTS), "T": power_of(read_t, TRANSFER[read_t]),
+    power |= {"R": power_of(CAPTION_MLM, CAPTION_MLM_NOFACTS), "T": power_of(read_t, pairs[read_t]),
               "D": power_of(P.PROPOSED, NOFACTS)}
     ladder = [with_power(r, power) for r in ladder]
 
